@@ -1,0 +1,19 @@
+"""Conventions shared by every module: one place for the ignore index and the dtypes of boundary tensors."""
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+"""Label value that the loss skips (`torch.nn.CrossEntropyLoss(ignore_index=-100)`, HF convention)."""
+
+IDS_DTYPE = torch.int64
+"""dtype of `input_ids`, `labels` and `position_ids`."""
+
+CU_SEQLENS_DTYPE = torch.int32
+"""dtype of `cu_seq_lens_q/k` and `seq_idx` (what flash-attn's varlen kernels and the mamba kernels take)."""
+
+NP_IDS_DTYPE = np.int64
+NP_CU_SEQLENS_DTYPE = np.int32
+
+FLASH_KWARG_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+"""Keys a flattening collator emits so attention kernels never recompute boundaries."""
