@@ -1,0 +1,106 @@
+"""Finding a template's token ids inside a sequence, and the label masks that follow from where templates occur."""
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+# Contexts a template string commonly follows; a template tokenized alone can differ from the same text in context
+# (e.g. "\n### Response:" merges the newline into its first token), so each is tried as a variant.
+_CONTEXTS = ("\n", " ", "\n\n", ": ")
+
+
+def find_subsequence(sequence: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """Start index of every occurrence of `pattern` in `sequence`, without a Python loop over tokens.
+
+    Args:
+        sequence (`np.ndarray` of shape `(L,)`, int64).
+        pattern (`np.ndarray` of shape `(K,)`, int64), K >= 1.
+
+    Returns:
+        `np.ndarray` of shape `(M,)`, int64, ascending.
+
+    >>> find_subsequence(np.array([1, 2, 3, 1, 2]), np.array([1, 2])).tolist()
+    [0, 3]
+    """
+    k = len(pattern)
+    if k == 0 or k > len(sequence):
+        return np.zeros(0, dtype=np.int64)
+    # Compare only windows whose first token matches, instead of all L x K entries.
+    candidates = np.flatnonzero(sequence[: len(sequence) - k + 1] == pattern[0])
+    if k == 1 or candidates.size == 0:
+        return candidates.astype(np.int64)
+    windows = sliding_window_view(sequence, k)[candidates]
+    return candidates[(windows == pattern).all(axis=1)].astype(np.int64)
+
+
+def find_any(sequence: np.ndarray, variants: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Occurrences of any of several tokenizations of one template: `(starts, ends)`, sorted by start.
+
+    >>> starts, ends = find_any(np.array([7, 1, 2, 9, 3, 2]), [np.array([1, 2]), np.array([3, 2])])
+    >>> starts.tolist(), ends.tolist()
+    ([1, 4], [3, 6])
+    """
+    starts, ends = [], []
+    for variant in variants:  # a handful of variants, each searched vectorized
+        found = find_subsequence(sequence, variant)
+        starts.append(found)
+        ends.append(found + len(variant))
+    start, end = np.concatenate(starts), np.concatenate(ends)
+    order = np.argsort(start, kind="stable")
+    return start[order], end[order]
+
+
+def completion_mask_after_last(length: int, response_ends: np.ndarray) -> np.ndarray:
+    """Single-turn rule: train only on tokens after the last response template.
+
+    >>> completion_mask_after_last(6, np.array([2, 4])).tolist()
+    [False, False, False, False, True, True]
+    """
+    mask = np.zeros(length, dtype=bool)
+    mask[int(response_ends[-1]) :] = True
+    return mask
+
+
+def completion_mask_turns(length: int, response_ends: np.ndarray, instruction_starts: np.ndarray) -> np.ndarray:
+    """Multi-turn rule: train from the end of each response template up to the next instruction template.
+
+    Every position takes the state of the last template seen at or before it (response opens, instruction closes)::
+
+        tokens     U U R r r U U R r
+        markers    - - + . . - - + .      (+ response end, - instruction start)
+        trained    0 0 1 1 1 0 0 1 1
+
+    >>> completion_mask_turns(9, np.array([2, 7]), np.array([0, 5])).astype(int).tolist()
+    [0, 0, 1, 1, 1, 0, 0, 1, 1]
+    """
+    markers = np.zeros(length + 1, dtype=np.int8)
+    markers[response_ends] = 1
+    markers[instruction_starts] = -1  # an instruction right after a response template closes the (empty) span
+    markers = markers[:length]
+    last = np.where(markers != 0, np.arange(length), -1)
+    np.maximum.accumulate(last, out=last)
+    return (last >= 0) & (markers[np.maximum(last, 0)] == 1)
+
+
+def template_variants(template: str | list[int] | np.ndarray, tokenizer) -> list[np.ndarray]:
+    """Token-id sequences a template may appear as.
+
+    Ids are used as given (the exact remedy when a string template does not match in context). A string is tokenized
+    alone and after a few common contexts, keeping the part that follows the context's own tokens.
+    """
+    if not isinstance(template, str):
+        ids = np.asarray(template, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("a template given as token ids must not be empty.")
+        return [ids]
+    if not template:
+        raise ValueError("a template string must not be empty.")
+    if tokenizer is None:
+        raise ValueError(f"template {template!r} is a string, so a `tokenizer` is needed; or pass token ids.")
+    variants = [tokenizer.encode(template, add_special_tokens=False)]
+    for context in _CONTEXTS:
+        context_ids = tokenizer.encode(context, add_special_tokens=False)
+        with_context = tokenizer.encode(context + template, add_special_tokens=False)
+        if with_context[: len(context_ids)] == context_ids and len(with_context) > len(context_ids):
+            variants.append(with_context[len(context_ids) :])
+    unique = {tuple(v) for v in variants if v}
+    return [np.asarray(v, dtype=np.int64) for v in sorted(unique, key=lambda v: (-len(v), v))]
