@@ -1,0 +1,320 @@
+"""Length profiles: how long the prompts and completions of a dataset are, so benchmarks can draw realistic batches.
+
+A profile is a joint 2-D histogram of `(prompt_length, completion_length)`. Bin edges grow geometrically, so short
+lengths keep exact one-token bins while long tails share wide bins::
+
+    prompt edges      0 1 2 ... 9 10 12 14 17 20 ... 5000 6007
+    completion edges  0 1 2 ... 9 10 12 14 17 20 ...  560  649
+    cells             [[prompt_bin, completion_bin], ...]  (K, 2) int, only non-empty cells
+    counts            [rows in that cell, ...]             (K,) int
+
+Sampling picks a cell in proportion to its count, then a length uniformly inside each bin.
+
+Named profiles ship with the package (`flatcollate/bench/profiles/*.json`), derived from real datasets tokenized with
+the Qwen2.5 tokenizer (no chat template): "flan", "gsm8k", "code_alpaca", "hh_rlhf". `load_profile` also reads your
+own data: a tokenized dataset saved with `datasets.Dataset.save_to_disk` (`input_ids` and `labels`), or a file of
+lengths (JSON or text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._conventions import IGNORE_INDEX
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+"""Folder of the named profiles shipped with the package."""
+
+GROWTH = 1.15
+"""Ratio between consecutive bin edges above the exact one-token bins."""
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """Joint histogram of prompt and completion lengths.
+
+    Args:
+        name (`str`): where the profile came from.
+        prompt_edges (`np.ndarray` of shape `(P + 1,)`, int64): increasing; bin `i` holds lengths in
+            `[prompt_edges[i], prompt_edges[i + 1])`.
+        completion_edges (`np.ndarray` of shape `(C + 1,)`, int64): same for completions.
+        cells (`np.ndarray` of shape `(K, 2)`, int64): `(prompt_bin, completion_bin)` of every non-empty cell.
+        counts (`np.ndarray` of shape `(K,)`, int64): rows in each cell, all positive.
+        source (`str`): free text describing the data and tokenizer.
+    """
+
+    name: str
+    prompt_edges: np.ndarray
+    completion_edges: np.ndarray
+    cells: np.ndarray
+    counts: np.ndarray
+    source: str = ""
+
+    @classmethod
+    def from_lengths(
+        cls, prompt_lengths, completion_lengths, *, name: str, source: str = "", growth: float = GROWTH
+    ) -> LengthProfile:
+        """Bin per-row lengths into a profile.
+
+        Args:
+            prompt_lengths (array-like of shape `(N,)`, non-negative ints): tokens that are not trained on.
+            completion_lengths (array-like of shape `(N,)`, non-negative ints): tokens that are trained on.
+            name (`str`): profile name.
+            source (`str`): description kept in the JSON.
+            growth (`float`): ratio between consecutive wide bins (> 1).
+
+        >>> p = LengthProfile.from_lengths([3, 5, 5], [1, 2, 2], name="toy")
+        >>> p.counts.tolist(), p.num_rows
+        ([1, 2], 3)
+        """
+        prompt = _as_lengths(prompt_lengths, field="prompt_lengths")
+        completion = _as_lengths(completion_lengths, field="completion_lengths")
+        if prompt.shape != completion.shape:
+            raise ValueError(
+                f"prompt_lengths has {prompt.size} rows but completion_lengths has {completion.size}; "
+                "pass one prompt and one completion length per row."
+            )
+        if prompt.size == 0:
+            raise ValueError(f"No rows to build the length profile {name!r} from; pass at least one row.")
+        if (prompt + completion == 0).any():
+            row = int(np.flatnonzero(prompt + completion == 0)[0])
+            raise ValueError(f"Row {row} of {name!r} has no tokens at all (prompt 0, completion 0); drop empty rows.")
+        prompt_edges = _geometric_edges(int(prompt.max()), growth)
+        completion_edges = _geometric_edges(int(completion.max()), growth)
+        p_bin = np.searchsorted(prompt_edges, prompt, side="right") - 1
+        c_bin = np.searchsorted(completion_edges, completion, side="right") - 1
+        flat = p_bin * (len(completion_edges) - 1) + c_bin
+        keys, counts = np.unique(flat, return_counts=True)
+        cells = np.stack(np.divmod(keys, len(completion_edges) - 1), axis=1)
+        return cls(name, prompt_edges, completion_edges, cells.astype(np.int64), counts.astype(np.int64), source)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows the histogram was built from."""
+        return int(self.counts.sum())
+
+    def sample(self, n: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Draw `n` rows of lengths.
+
+        Args:
+            n (`int`): rows to draw.
+            seed (`int`): seed of the generator; the same seed gives the same rows.
+
+        Returns:
+            `(prompt_lengths, completion_lengths)`, each `np.ndarray` of shape `(n,)`, int64; every row has at
+            least one token.
+
+        >>> p = LengthProfile.from_lengths([3, 5, 5], [1, 2, 2], name="toy")
+        >>> prompt, completion = p.sample(4, seed=0)
+        >>> prompt.shape, bool(((prompt == 3) | (prompt == 5)).all())
+        ((4,), True)
+        """
+        if not isinstance(n, int | np.integer) or n < 0:
+            raise ValueError(f"`n` must be a non-negative int, got {n!r}.")
+        rng = np.random.default_rng(seed)
+        cell = rng.choice(len(self.counts), size=n, p=self.counts / self.counts.sum())
+        prompt = _uniform_in_bins(rng, self.prompt_edges, self.cells[cell, 0])
+        completion = _uniform_in_bins(rng, self.completion_edges, self.cells[cell, 1])
+        # Wide bins that start at 0 could draw an empty row; give it one completion token instead.
+        completion[(prompt + completion) == 0] = 1
+        return prompt, completion
+
+    def to_dict(self) -> dict:
+        """JSON-ready form read back by `load_profile`."""
+        return {
+            "format": "flatcollate.length_profile/1",
+            "name": self.name,
+            "source": self.source,
+            "num_rows": self.num_rows,
+            "prompt_edges": self.prompt_edges.tolist(),
+            "completion_edges": self.completion_edges.tolist(),
+            "cells": self.cells.tolist(),
+            "counts": self.counts.tolist(),
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the profile as a compact JSON file."""
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
+
+
+def padded_fill(lengths, *, batch_size: int) -> float:
+    """Share of real tokens when consecutive rows are batched `batch_size` at a time and padded to the batch max.
+
+    Computed over the whole run (real tokens / padded tokens), the quantity that sets the cost of padding; a last
+    partial batch counts with its own size.
+
+    Args:
+        lengths (array-like of shape `(N,)`, positive ints): total length of each row, in batch order.
+        batch_size (`int`): rows per batch.
+
+    >>> padded_fill([4, 2, 1, 1], batch_size=2)
+    0.8
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if batch_size < 1 or lengths.size == 0:
+        raise ValueError(
+            f"padded_fill needs batch_size >= 1 and at least one row, got {batch_size} and {lengths.size}."
+        )
+    starts = np.arange(0, lengths.size, batch_size)
+    batch_max = np.maximum.reduceat(lengths, starts)
+    batch_rows = np.diff(np.append(starts, lengths.size))
+    return float(lengths.sum() / (batch_max * batch_rows).sum())
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles shipped with the package.
+
+    >>> available_profiles()
+    ['code_alpaca', 'flan', 'gsm8k', 'hh_rlhf']
+    """
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | os.PathLike | LengthProfile) -> LengthProfile:
+    """A named profile, or one built from your own data.
+
+    Args:
+        name_or_path: one of `available_profiles()`; a folder saved by `datasets.Dataset.save_to_disk` with
+            `input_ids` and `labels` (prompt tokens are those labelled -100); a `.json` file holding a saved
+            profile, `{"rows": [[prompt, completion], ...]}`, a list of `[prompt, completion]` pairs or a list of
+            total lengths; or a text file with one row per line: `total` or `prompt completion`.
+
+    Returns:
+        `LengthProfile`.
+
+    >>> load_profile("gsm8k").name
+    'gsm8k'
+    """
+    if isinstance(name_or_path, LengthProfile):
+        return name_or_path
+    text = os.fspath(name_or_path)
+    if text in available_profiles():
+        return _profile_from_dict(json.loads((PROFILES_DIR / f"{text}.json").read_text()), origin=text)
+    path = Path(text)
+    if path.is_dir():
+        return _profile_from_dataset(path)
+    if path.is_file():
+        return _profile_from_file(path)
+    raise ValueError(
+        f"Unknown length profile {text!r}: not a named profile ({', '.join(available_profiles())}), and no file or "
+        "folder exists at that path. Pass a name, a tokenized dataset folder, or a JSON/text file of lengths."
+    )
+
+
+def _profile_from_file(path: Path) -> LengthProfile:
+    """Profile from a saved profile JSON, a JSON of rows or lengths, or a text file of lengths."""
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path} is not valid JSON ({err}); pass a JSON file of lengths or a saved profile."
+            ) from err
+        if isinstance(data, dict) and "cells" in data:
+            return _profile_from_dict(data, origin=str(path))
+        rows = data.get("rows") if isinstance(data, dict) else data
+        if rows is None:
+            raise ValueError(f"{path} holds a JSON object without `rows` or `cells`; expected lengths or a profile.")
+        return _profile_from_rows(rows, name=path.stem, origin=str(path))
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return _profile_from_rows(rows, name=path.stem, origin=str(path))
+
+
+def _profile_from_rows(rows, *, name: str, origin: str) -> LengthProfile:
+    """Rows are `total` or `[prompt, completion]`; a lone total counts as all completion (every token trained)."""
+    try:
+        table = np.asarray(rows, dtype=np.float64)
+    except ValueError as err:
+        raise ValueError(
+            f"{origin}: rows of lengths must all be a number or all a pair [prompt, completion] ({err})."
+        ) from err
+    if table.ndim == 2 and table.shape[1] == 1:
+        table = table[:, 0]
+    if table.ndim == 1:
+        table = np.stack([np.zeros_like(table), table], axis=1)
+    if table.ndim != 2 or table.shape[1] != 2:
+        raise ValueError(f"{origin}: expected N totals or N pairs [prompt, completion], got shape {table.shape}.")
+    if not np.isfinite(table).all() or (table != np.round(table)).any():
+        row = int(np.flatnonzero(~np.isfinite(table).all(1) | (table != np.round(table)).any(1))[0])
+        raise ValueError(f"{origin}: row {row} holds {table[row].tolist()}, not whole token counts.")
+    return LengthProfile.from_lengths(table[:, 0], table[:, 1], name=name, source=origin)
+
+
+def _profile_from_dataset(path: Path) -> LengthProfile:
+    """Prompt and completion lengths of a tokenized dataset, counted on its arrow columns (no per-token loop)."""
+    import datasets
+    import pyarrow.compute as pc
+
+    try:
+        dataset = datasets.load_from_disk(str(path))
+    except FileNotFoundError as err:
+        raise ValueError(f"{path} is a folder but not a dataset saved with `save_to_disk` ({err}).") from err
+    if isinstance(dataset, datasets.DatasetDict):
+        raise ValueError(f"{path} holds several splits {list(dataset)}; pass the folder of one split.")
+    missing = [col for col in ("input_ids", "labels") if col not in dataset.column_names]
+    if missing:
+        raise ValueError(f"{path} lacks the column(s) {missing}; tokenize it with `input_ids` and `labels` first.")
+    table = dataset.with_format("arrow")[:]
+    totals = pc.list_value_length(table.column("input_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
+    labels = table.column("labels").combine_chunks()
+    label_lengths = pc.list_value_length(labels).to_numpy(zero_copy_only=False).astype(np.int64)
+    if (label_lengths != totals).any():
+        row = int(np.flatnonzero(label_lengths != totals)[0])
+        raise ValueError(
+            f"{path}: row {row} has {totals[row]} input_ids but {label_lengths[row]} labels; they must match."
+        )
+    ignored = np.asarray(labels.flatten()) == IGNORE_INDEX
+    # Per-row count of ignored labels from the list offsets: prefix sums differenced at row boundaries.
+    prefix = np.concatenate([[0], np.cumsum(ignored, dtype=np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(totals)])
+    prompt = prefix[offsets[1:]] - prefix[offsets[:-1]]
+    return LengthProfile.from_lengths(prompt, totals - prompt, name=path.name, source=str(path))
+
+
+def _profile_from_dict(data: dict, *, origin: str) -> LengthProfile:
+    """Rebuild a profile written by `LengthProfile.save`, checking what would make sampling wrong."""
+    if data.get("format") != "flatcollate.length_profile/1":
+        raise ValueError(f"{origin}: not a length profile (format {data.get('format')!r}); re-create it with `save`.")
+    profile = LengthProfile(
+        name=data["name"],
+        prompt_edges=np.asarray(data["prompt_edges"], dtype=np.int64),
+        completion_edges=np.asarray(data["completion_edges"], dtype=np.int64),
+        cells=np.asarray(data["cells"], dtype=np.int64).reshape(-1, 2),
+        counts=np.asarray(data["counts"], dtype=np.int64),
+        source=data.get("source", ""),
+    )
+    bad_edges = any((np.diff(e) <= 0).any() for e in (profile.prompt_edges, profile.completion_edges))
+    if bad_edges or len(profile.cells) != len(profile.counts) or (profile.counts <= 0).any():
+        raise ValueError(f"{origin}: corrupt length profile (edges must increase, one positive count per cell).")
+    return profile
+
+
+def _as_lengths(values, *, field: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"`{field}` must be 1-D, got shape {array.shape}.")
+    if array.size and (array < 0).any():
+        row = int(np.flatnonzero(array < 0)[0])
+        raise ValueError(f"`{field}` row {row} is {array[row]}; lengths must be >= 0.")
+    return array.astype(np.int64)
+
+
+def _geometric_edges(max_value: int, growth: float) -> np.ndarray:
+    """Edges 0, 1, 2, ... then growing by `growth`, ending just past `max_value` so it falls in the last bin."""
+    if growth <= 1:
+        raise ValueError(f"`growth` must be > 1, got {growth}.")
+    steps = int(np.ceil(np.log(max(max_value, 2) + 1) / np.log(growth))) + 1
+    edges = np.unique(np.round(growth ** np.arange(steps)).astype(np.int64))
+    edges = np.concatenate([[0], edges[edges <= max_value], [max_value + 1]])
+    return np.unique(edges)
+
+
+def _uniform_in_bins(rng: np.random.Generator, edges: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    """One integer drawn uniformly from `[edges[b], edges[b + 1])` for every bin index `b`."""
+    low, high = edges[bins], edges[bins + 1]
+    return low + np.floor(rng.random(len(bins)) * (high - low)).astype(np.int64)

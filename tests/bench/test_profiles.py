@@ -1,0 +1,117 @@
+"""Length profiles: shipped histograms reproduce the real datasets' padding, and user data loads with clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from flatcollate.bench import LengthProfile, available_profiles, load_profile, padded_fill
+from flatcollate.bench.make_profiles import SOURCES, make_profiles
+
+STATS_KEY = {"flan": "t0", "gsm8k": "gsm8k", "code_alpaca": "code_alpaca", "hh_rlhf": "hh"}
+
+
+def test_named_profiles_ship_with_the_package():
+    assert available_profiles() == sorted(SOURCES)
+    for name in available_profiles():
+        profile = load_profile(name)
+        assert profile.name == name
+        assert profile.num_rows > 1000
+
+
+@pytest.mark.parametrize("name", ["flan", "gsm8k", "code_alpaca", "hh_rlhf"])
+def test_sampled_fill_matches_the_real_dataset(shared_data, name):
+    expected = json.loads((shared_data / "length_stats.json").read_text())["stats"][STATS_KEY[name]]["raw"]
+    prompt, completion = load_profile(name).sample(8 * 2000, seed=3)
+    assert padded_fill(prompt + completion, batch_size=8) == pytest.approx(expected["fill_bs8"], abs=0.02)
+    assert np.mean(prompt + completion) == pytest.approx(expected["mean"], rel=0.05)
+    assert np.median(prompt + completion) == pytest.approx(expected["median"], rel=0.1)
+
+
+def test_committed_profiles_are_what_the_script_writes(shared_data, tmp_path):
+    for path in make_profiles(shared_data, tmp_path):
+        assert json.loads(path.read_text()) == load_profile(path.stem).to_dict()
+
+
+def test_padded_fill_against_a_per_batch_loop():
+    rng = np.random.default_rng(0)
+    for size in (1, 7, 8, 9, 100):
+        lengths = rng.integers(1, 50, size=size)
+        real = padded = 0
+        for start in range(0, size, 8):
+            batch = lengths[start : start + 8]
+            real += batch.sum()
+            padded += len(batch) * batch.max()
+        assert padded_fill(lengths, batch_size=8) == pytest.approx(real / padded)
+    assert padded_fill([5] * 8, batch_size=8) == 1.0
+
+
+def test_sample_is_seeded_and_inside_the_histogram():
+    profile = LengthProfile.from_lengths([1, 1, 300, 1000], [0, 5, 20, 2], name="toy")
+    a = profile.sample(500, seed=1)
+    b = profile.sample(500, seed=1)
+    np.testing.assert_array_equal(a[0], b[0])
+    assert (a[0] + a[1] >= 1).all()
+    assert a[0].max() <= 1000 and a[1].max() <= 20
+    # Exact one-token bins below 10: a length-1 prompt is drawn as exactly 1.
+    assert set(np.unique(a[0][a[0] < 10]).tolist()) == {1}
+
+
+def test_user_length_files(tmp_path):
+    pairs = tmp_path / "pairs.json"
+    pairs.write_text(json.dumps({"rows": [[3, 4], [10, 1]]}))
+    assert load_profile(pairs).num_rows == 2
+    totals = tmp_path / "totals.txt"
+    totals.write_text("3\n9\n\n7\n")
+    prompt, completion = load_profile(totals).sample(50, seed=0)
+    assert (prompt == 0).all() and set(completion.tolist()) == {3, 7, 9}
+    saved = tmp_path / "saved.json"
+    load_profile("gsm8k").save(saved)
+    assert load_profile(saved).to_dict() == load_profile("gsm8k").to_dict()
+
+
+def test_user_tokenized_dataset(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = {
+        "input_ids": [[1, 2, 3, 4], [5, 6], [7]],
+        "labels": [[-100, -100, 3, 4], [-100, 6], [7]],
+    }
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
+    profile = load_profile(tmp_path / "ds")
+    prompt, completion = profile.sample(200, seed=0)
+    pairs = set(zip(prompt.tolist(), completion.tolist(), strict=True))
+    assert pairs == {(2, 2), (1, 1), (0, 1)}
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("not json", "not valid JSON"),
+        ('{"other": 1}', "without `rows` or `cells`"),
+        ('{"rows": [[1, 2], [3]]}', "all be a number or all a pair"),
+        ('{"rows": [[1, 2.5]]}', "row 0 holds"),
+        ('{"rows": [[1, 2], [0, 0]]}', "Row 1 .* has no tokens"),
+        ('{"rows": [[1, -2]]}', "row 0 is -2"),
+        (
+            '{"format": "flatcollate.length_profile/1", "name": "x", "prompt_edges": [0, 0], '
+            '"completion_edges": [0, 1], "cells": [[0, 0]], "counts": [1]}',
+            "corrupt",
+        ),
+    ],
+)
+def test_bad_length_files(tmp_path, content, match):
+    path = tmp_path / "lengths.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        load_profile(path)
+
+
+def test_bad_names_and_datasets(tmp_path):
+    with pytest.raises(ValueError, match=r"Unknown length profile 'flan2'.*flan, gsm8k"):
+        load_profile("flan2")
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"input_ids": [[1, 2]]}).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['labels'\]"):
+        load_profile(tmp_path / "ds")
+    with pytest.raises(ValueError, match="`n` must be a non-negative int"):
+        load_profile("flan").sample(-1)
