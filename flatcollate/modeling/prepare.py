@@ -1,0 +1,58 @@
+"""`prepare_model_for_flattening`: the one call that makes a model safe for flattened batches."""
+
+import warnings
+
+from transformers import PreTrainedModel
+
+from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
+from .families import unsupported_reason
+from .guard import install_guard
+
+
+def prepare_model_for_flattening(
+    model: PreTrainedModel,
+    *,
+    attn_implementation: str | None = ATTN_IMPLEMENTATION,
+    strict: bool = True,
+) -> PreTrainedModel:
+    """Make `model` exact on flattened batches: no token attends across a sequence boundary.
+
+    It turns the cache off (`config.use_cache=False`, and the generation config's), selects the packed attention
+    backend, refuses families that cannot be exact, and installs a guard that raises when a flattened batch arrives
+    with an `attention_mask`, `use_cache=True` or `past_key_values` (each silently makes sequences attend to each
+    other in transformers' own backends).
+
+    Args:
+        model (`PreTrainedModel`): a decoder-only causal LM; modified in place.
+        attn_implementation (`str`, *optional*): attention backend to select; `"flatcollate"` (default) is the packed
+            backend of `flatcollate.attention`; `None` keeps the model's current one (e.g. `flash_attention_2`).
+        strict (`bool`): raise `ValueError` for a family that cannot be exact; with `False`, warn instead.
+
+    Returns:
+        The same model, prepared.
+
+    >>> from flatcollate.models import tiny_causal_lm
+    >>> model = prepare_model_for_flattening(tiny_causal_lm("llama"))
+    >>> model.config.use_cache, model.config._attn_implementation
+    (False, 'flatcollate')
+    """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"Expected a transformers `PreTrainedModel`, got {type(model).__name__}.")
+    reason = unsupported_reason(model)
+    if reason is not None:
+        message = (
+            f"Model family {model.config.model_type!r} ({type(model).__name__}) cannot run flattened batches exactly: "
+            f"{reason}. Train it on padded batches instead."
+        )
+        if strict:
+            raise ValueError(message + " Pass `strict=False` to prepare it anyway.")
+        warnings.warn(message, stacklevel=2)
+    model.config.use_cache = False
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.use_cache = False
+    if attn_implementation is not None and reason is None:
+        if attn_implementation == ATTN_IMPLEMENTATION:
+            register_packed_attention()
+        model.set_attn_implementation(attn_implementation)
+    install_guard(model)
+    return model

@@ -1,0 +1,142 @@
+"""`prepare_model_for_flattening` and its guard on tiny llama / qwen2 models, against the known-bad setups."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
+from flatcollate.modeling import guard as guard_module
+from flatcollate.modeling import install_guard, prepare_model_for_flattening, unsupported_reason
+from flatcollate.models import tiny_causal_lm
+
+LENGTHS = [5, 1, 9, 3]
+
+
+def flattened_batch(lengths, *, vocab_size=256, seed=0) -> dict:
+    """A flattened row with the collator's keys, built from `flatcollate.boundaries`."""
+    cu = lengths_to_cu_seqlens(np.array(lengths))
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (1, int(cu[-1])), generator=generator)
+    cu_t = torch.from_numpy(cu)
+    return {
+        "input_ids": input_ids,
+        "position_ids": torch.from_numpy(cu_seqlens_to_position_ids(cu))[None],
+        "cu_seq_lens_q": cu_t,
+        "cu_seq_lens_k": cu_t,
+        "max_length_q": max(lengths),
+        "max_length_k": max(lengths),
+    }
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def model(request):
+    return prepare_model_for_flattening(tiny_causal_lm(request.param))
+
+
+def test_prepare_sets_cache_off_and_backend(model):
+    assert model.config.use_cache is False
+    assert model.generation_config.use_cache is False
+    assert model.config._attn_implementation == "flatcollate"
+
+
+def test_flattened_batch_matches_each_sequence_alone(model):
+    batch = flattened_batch(LENGTHS)
+    flat = model(**batch).logits
+    cu = batch["cu_seq_lens_q"].tolist()
+    ids = batch["input_ids"]
+    # Reference: each sequence through the model on its own (a loop over sequences, not tokens).
+    alone = torch.cat([model(input_ids=ids[:, s:e]).logits for s, e in itertools.pairwise(cu)], dim=1)
+    torch.testing.assert_close(flat, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("with_kwargs", [True, False], ids=["cu_seq_lens", "position_ids_only"])
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ({"attention_mask": "ones"}, "attention_mask"),
+        ({"use_cache": True}, "use_cache=True"),
+    ],
+)
+def test_guard_refuses_known_bad_setups(model, bad, words, with_kwargs):
+    batch = flattened_batch(LENGTHS)
+    if not with_kwargs:
+        batch = {k: batch[k] for k in ("input_ids", "position_ids")}
+    extra = {k: (torch.ones_like(batch["input_ids"]) if v == "ones" else v) for k, v in bad.items()}
+    with pytest.raises(
+        ValueError, match=r"(?s)flattened batch.*" + words.replace("=", ".") + r".*attend to each other"
+    ):
+        model(**batch, **extra)
+
+
+def test_guard_refuses_past_key_values(model):
+    from transformers import DynamicCache
+
+    batch = flattened_batch(LENGTHS)
+    with pytest.raises(ValueError, match="past_key_values"):
+        model(**batch, past_key_values=DynamicCache(config=model.config))
+
+
+def test_guard_sees_config_use_cache_turned_back_on(model):
+    model.config.use_cache = True
+    with pytest.raises(ValueError, match="use_cache"):
+        model(**flattened_batch(LENGTHS))
+
+
+def test_guard_reads_positional_attention_mask(model):
+    batch = flattened_batch(LENGTHS)
+    ids = batch.pop("input_ids")
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, torch.ones_like(ids), **batch)
+
+
+def test_guard_allows_ordinary_batches_without_looking_at_them(model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(guard_module, "is_flattened", lambda arguments: calls.append(1) or True)
+    model(**flattened_batch(LENGTHS))
+    assert calls == [], "the guard inspected a batch that had no offending argument"
+
+
+def test_unflattened_batch_with_mask_and_cache_passes_the_guard():
+    model = tiny_causal_lm("llama")
+    handle = install_guard(model)
+    assert install_guard(model) is handle
+    ids = torch.randint(0, 256, (2, 6))
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+    assert out.logits.shape == (2, 6, 256)
+
+
+def test_padding_mask_with_packed_backend_raises(model):
+    ids = torch.randint(0, 256, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    with pytest.raises(ValueError, match="padding"):
+        model(input_ids=ids, attention_mask=mask)
+
+
+def test_keep_backend_with_none_stays_exact_with_sdpa():
+    model = prepare_model_for_flattening(tiny_causal_lm("llama"), attn_implementation=None)
+    assert model.config._attn_implementation == "sdpa"
+    batch = flattened_batch(LENGTHS)
+    cu = batch["cu_seq_lens_q"].tolist()
+    flat = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    alone = torch.cat([model(input_ids=batch["input_ids"][:, s:e]).logits for s, e in itertools.pairwise(cu)], dim=1)
+    torch.testing.assert_close(flat, alone, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="use_cache"):
+        model(**batch, use_cache=True)
+
+
+def test_unsupported_family_raises_naming_family_and_reason():
+    model = tiny_causal_lm("mamba2", attn_implementation="eager", num_heads=4, head_dim=16, n_groups=1, expand=2)
+    assert "seq_idx" in unsupported_reason(model)
+    with pytest.raises(ValueError, match=r"'mamba2'.*seq_idx.*strict=False"):
+        prepare_model_for_flattening(model)
+    with pytest.warns(UserWarning, match="mamba2"):
+        prepare_model_for_flattening(model, strict=False)
+    assert model.config.use_cache is False
+
+
+def test_rejects_non_transformers_model():
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        prepare_model_for_flattening(torch.nn.Linear(2, 2))
