@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from flatcollate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
+from flatcollate.collate.templates import completion_mask_turns, find_subsequence
+
+R = [90, 91]  # response template ids
+U = [80, 81]  # instruction template ids
+
+
+def reference_completion_labels(ids, response, instruction=None):
+    """Per-token loop: trained after a response template, until an instruction template starts."""
+    ids = list(ids)
+    labels = [-100] * len(ids)
+    if instruction is None:
+        ends = [i + len(response) for i in range(len(ids)) if ids[i : i + len(response)] == response]
+        for i in range(ends[-1], len(ids)):
+            labels[i] = ids[i]
+        return labels
+    trained = False
+    i = 0
+    while i < len(ids):
+        if ids[i : i + len(instruction)] == instruction:
+            trained = False
+        if ids[i : i + len(response)] == response:
+            for j in range(i, i + len(response)):
+                labels[j] = -100
+            i += len(response)
+            trained = True
+            continue
+        labels[i] = ids[i] if trained else -100
+        i += 1
+    return labels
+
+
+def test_find_subsequence_matches_loop():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        seq = rng.integers(0, 3, int(rng.integers(0, 30)))
+        pat = rng.integers(0, 3, int(rng.integers(1, 4)))
+        expected = [i for i in range(len(seq) - len(pat) + 1) if list(seq[i : i + len(pat)]) == list(pat)]
+        assert find_subsequence(seq, pat).tolist() == expected
+
+
+def test_single_turn_masks_up_to_last_response_template():
+    collator = DataCollatorForCompletionOnlyLM(R)
+    ids = [1, 2, *R, 3, 4, *R, 5, 6]
+    batch = collator([{"input_ids": ids}])
+    assert batch["labels"].tolist() == [[-100] * 8 + [5, 6]]
+    assert batch["labels"].tolist()[0] == reference_completion_labels(ids, R)
+
+
+def test_multi_turn_matches_reference_on_random_dialogues():
+    rng = np.random.default_rng(1)
+    collator = DataCollatorForCompletionOnlyLM(R, U, return_tensors="np")
+    for _ in range(50):
+        ids = []
+        for _turn in range(int(rng.integers(1, 4))):
+            ids += U + rng.integers(0, 50, int(rng.integers(0, 6))).tolist()
+            ids += R + rng.integers(0, 50, int(rng.integers(0, 6))).tolist()
+        expected = reference_completion_labels(ids, R, U)
+        expected[0] = -100  # separator
+        assert collator([{"input_ids": ids}])["labels"][0].tolist() == expected
+
+
+def test_multi_turn_literal():
+    keep = completion_mask_turns(9, np.array([2, 7]), np.array([0, 5]))
+    assert keep.astype(int).tolist() == [0, 0, 1, 1, 1, 0, 0, 1, 1]
+
+
+def test_existing_labels_keep_their_masks():
+    batch = DataCollatorForCompletionOnlyLM(R)([{"input_ids": [1, *R, 5, 6, 7], "labels": [1, 90, 91, 5, -100, 7]}])
+    assert batch["labels"].tolist() == [[-100, -100, -100, 5, -100, 7]]
+
+
+def test_missing_template_error_and_mask_policies():
+    features = [{"input_ids": [1, *R, 2]}, {"input_ids": [3, 4, 5]}]
+    with pytest.raises(ValueError, match=r"example 1: response template .* not found.*token ids"):
+        DataCollatorForCompletionOnlyLM(R)(features)
+    with pytest.warns(UserWarning, match=r"example\(s\) \[1\]"):
+        batch = DataCollatorForCompletionOnlyLM(R, on_missing_template="mask")(features)
+    assert batch["labels"].tolist() == [[-100, -100, -100, 2, -100, -100, -100]]
+
+
+def test_flattened_output_has_all_boundary_keys():
+    batch = DataCollatorForCompletionOnlyLM(R)([{"input_ids": [1, *R, 2]}, {"input_ids": [*R, 7]}])
+    flat = DataCollatorWithFlattening()([{"input_ids": [1, *R, 2]}, {"input_ids": [*R, 7]}])
+    assert set(batch) == set(flat)
+    torch.testing.assert_close(batch["position_ids"], flat["position_ids"])
+    torch.testing.assert_close(batch["cu_seq_lens_q"], flat["cu_seq_lens_q"])
+
+
+def test_padded_mode_pads_with_attention_mask(tokenizer_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen2.5-instruct"))
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=False)
+    texts = ["Question: 2+2?\n### Answer: 4", "Q?\n### Answer: yes it is"]
+    batch = collator([{"input_ids": tokenizer.encode(t)} for t in texts])
+    assert set(batch) == {"input_ids", "labels", "attention_mask"}
+    assert batch["attention_mask"].sum().item() == sum(len(tokenizer.encode(t)) for t in texts)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "llama-3.2-instruct", "mistral-7b-instruct-v0.2", "gpt2"])
+def test_string_template_found_in_context_on_real_tokenizers(tokenizer_dir, name):
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(name))
+    collator = DataCollatorForCompletionOnlyLM("### Response:", tokenizer=tokenizer)
+    prompt = "Below is an instruction.\n\n### Instruction:\nAdd 2 and 3.\n\n### Response:"
+    completion = " The sum is 5."
+    ids = tokenizer.encode(prompt + completion, add_special_tokens=False)
+    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
+    trained = [t for t, lab in zip(ids, labels, strict=True) if lab != -100]
+    assert tokenizer.decode(trained).strip() == completion.strip()
+
+
+def test_string_template_needs_tokenizer_and_mlm_refused():
+    with pytest.raises(ValueError, match=r"a `tokenizer` is needed"):
+        DataCollatorForCompletionOnlyLM("### Response:")
+    with pytest.raises(ValueError, match="mlm=False"):
+        DataCollatorForCompletionOnlyLM(R, mlm=True)
+    with pytest.raises(ValueError, match="on_missing_template"):
+        DataCollatorForCompletionOnlyLM(R, on_missing_template="skip")
