@@ -1,0 +1,194 @@
+"""`StreamingPacker`: tokenize, shard and pack a stream on the fly, with a state that resumes exactly."""
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .bins import STRATEGY_CHOICES, Item, OnlineBins, Strategy, packs_from_state, packs_to_state
+from .examples import OVERLONG_CHOICES, EncodeFn, Overlong, encode_row, fit_to_pack
+from .sources import RowSource, as_source
+
+_STATE_VERSION = 1
+
+
+class StreamingPacker(IterableDataset):
+    """Packs a stream of examples into rows of at most `pack_len` tokens that keep every sequence boundary.
+
+    Each yielded example is a pre-packed row for `flatcollate.DataCollatorWithFlattening`::
+
+        input_ids    [a0 a1 a2 b0 b1 c0 c1 c2]     (L,) int64, L <= pack_len
+        labels       [a0 a1 a2 b0 b1 c0 c1 c2]     (L,) int64 (-100 where a token carries no loss)
+        seq_lengths  [3, 2, 3]                     list of ints, one per sequence, summing to L
+
+    Sharding: the source is one stream of rows `0, 1, 2, ...`; with `world_size` ranks of `num_workers` DataLoader
+    workers each, reader `rank * num_workers + worker_id` owns the rows whose index is congruent to it modulo
+    `world_size * num_workers`. Every row is owned by exactly one reader whatever the row count; readers may end with
+    one row more or less than each other.
+
+    Resume: `state_dict()` / `load_state_dict()` (called per worker by `torchdata.stateful_dataloader.
+    StatefulDataLoader`) hold the source position and the buffered, already-encoded sequences, so a resumed run yields
+    exactly the packs an uninterrupted run yields, without encoding consumed rows again. A state saved under another
+    configuration (pack length, buffer, strategy, sources, rank, world size, worker count) is refused.
+
+    Args:
+        source: a list or map-style `datasets.Dataset` (resumes by index), a `datasets.IterableDataset` (resumes from
+            its own state), the result of `interleave(...)`, or any re-iterable of rows (resumes by replaying it).
+        pack_len (`int`): most tokens in a packed row.
+        encode_fn: per-row callable returning `{"input_ids", "labels"}`; `None` when rows are already tokenized.
+        buffer_size (`int`, defaults to 64): most sequences held in open bins.
+        strategy (`"greedy"` or `"best_fit"`, defaults to `"best_fit"`): how a sequence picks its bin.
+        overlong (`"error"`, `"split"` or `"truncate"`, defaults to `"error"`): what happens to a sequence longer than
+            `pack_len`.
+        rank, world_size (`int`, *optional*): data-parallel position; default to `torch.distributed` when it is
+            initialized, else a single process.
+        return_example_ids (`bool`, defaults to `False`): also yield `example_ids`, the stream row index of each
+            sequence (a split sequence repeats its row index).
+
+    >>> rows = [{"input_ids": list(range(n))} for n in (5, 4, 3, 4)]
+    >>> [p["seq_lengths"] for p in StreamingPacker(rows, pack_len=8, buffer_size=4)]
+    [[5, 3], [4, 4]]
+    """
+
+    def __init__(
+        self,
+        source: Iterable | RowSource,
+        *,
+        pack_len: int,
+        encode_fn: EncodeFn | None = None,
+        buffer_size: int = 64,
+        strategy: Strategy = "best_fit",
+        overlong: Overlong = "error",
+        rank: int | None = None,
+        world_size: int | None = None,
+        return_example_ids: bool = False,
+    ):
+        _check_positive("pack_len", pack_len)
+        _check_positive("buffer_size", buffer_size)
+        if strategy not in STRATEGY_CHOICES:
+            raise ValueError(f"`strategy` must be one of {STRATEGY_CHOICES}, got {strategy!r}.")
+        if overlong not in OVERLONG_CHOICES:
+            raise ValueError(f"`overlong` must be one of {OVERLONG_CHOICES}, got {overlong!r}.")
+        if (rank is None) != (world_size is None):
+            raise ValueError("Pass both `rank` and `world_size`, or neither (then torch.distributed decides).")
+        if rank is None:
+            initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+            rank, world_size = (
+                (torch.distributed.get_rank(), torch.distributed.get_world_size()) if initialized else (0, 1)
+            )
+        _check_positive("world_size", world_size)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"`rank` must be in [0, {world_size}), got {rank}.")
+        self.source = as_source(source)
+        self.pack_len, self.buffer_size, self.strategy, self.overlong = pack_len, buffer_size, strategy, overlong
+        self.encode_fn = encode_fn
+        self.rank, self.world_size = rank, world_size
+        self.return_example_ids = return_example_ids
+        self._bins: OnlineBins | None = None
+        self._pending: list[list[Item]] = []
+        self._resume: dict | None = None
+
+    def _config(self) -> dict:
+        worker = get_worker_info()
+        return {
+            "version": _STATE_VERSION,
+            "pack_len": self.pack_len,
+            "buffer_size": self.buffer_size,
+            "strategy": self.strategy,
+            "overlong": self.overlong,
+            "source": self.source.fingerprint(),
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_workers": 1 if worker is None else worker.num_workers,
+            "worker_id": 0 if worker is None else worker.id,
+        }
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        # Set up eagerly (not inside the generator) so `state_dict()` is right before the first item is drawn.
+        state, self._resume = self._resume, None
+        self.source.load_state_dict(None if state is None else state["source"])
+        self._bins = OnlineBins(pack_len=self.pack_len, buffer_size=self.buffer_size, strategy=self.strategy)
+        self._pending = []
+        if state is not None:
+            self._bins.load_state_dict(state["bins"])
+            self._pending = packs_from_state(state["pending"])
+        config = self._config()
+        reader = config["rank"] * config["num_workers"] + config["worker_id"]
+        return self._generate(self._bins, reader, config["world_size"] * config["num_workers"])
+
+    def _generate(self, bins: OnlineBins, reader: int, num_readers: int) -> Iterator[dict[str, Any]]:
+        yield from self._yield_all(bins, self._pending)
+        while True:
+            try:
+                taken = self.source.next_row(take=self.source.position % num_readers == reader)
+            except StopIteration:
+                break
+            if taken is None:
+                continue
+            row, origin = taken
+            example_id = self.source.position - 1
+            input_ids, labels = encode_row(row, encode_fn=self.encode_fn, origin=origin)
+            pieces = fit_to_pack(input_ids, labels, pack_len=self.pack_len, overlong=self.overlong, origin=origin)
+            ready = [pack for ids, lab in pieces for pack in bins.add(Item(example_id, ids, lab))]
+            # Every pack decided by this row is yielded before the next row is read, so the state between two
+            # yields still holds the packs not yet yielded: they are put back in front until they leave.
+            yield from self._yield_all(bins, ready)
+        yield from self._yield_all(bins, bins.flush())
+
+    def _yield_all(self, bins: OnlineBins, ready: list[list[Item]]) -> Iterator[dict[str, Any]]:
+        self._pending = list(ready)
+        while self._pending:
+            pack = self._pending.pop(0)
+            yield self._to_example(pack)
+
+    def _to_example(self, pack: list[Item]) -> dict[str, Any]:
+        example = {
+            "input_ids": torch.from_numpy(np.concatenate([item.input_ids for item in pack])),
+            "labels": torch.from_numpy(np.concatenate([item.labels for item in pack])),
+            "seq_lengths": [int(item.input_ids.size) for item in pack],
+        }
+        if self.return_example_ids:
+            example["example_ids"] = [item.example_id for item in pack]
+        return example
+
+    def state_dict(self) -> dict:
+        """Position in the source, buffered sequences and packs decided but not yet yielded, plus the configuration.
+
+        Reflects everything yielded so far; tensors are int64, so the state survives `torch.save` and
+        `torch.load(weights_only=True)`.
+        """
+        if self._bins is None:
+            if self._resume is not None:
+                return self._resume
+            empty = packs_to_state([])
+            return {"config": self._config(), "source": None, "bins": empty, "pending": empty}
+        return {
+            "config": self._config(),
+            "source": self.source.state_dict(),
+            "bins": self._bins.state_dict(),
+            "pending": packs_to_state(self._pending),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the next pass from `state`; raises `ValueError` if it was saved under another configuration."""
+        if not isinstance(state, dict) or "config" not in state:
+            raise TypeError(f"Expected a state from `StreamingPacker.state_dict()`, got {type(state).__name__}.")
+        saved, current = state["config"], self._config()
+        for key in current:
+            if saved.get(key) != current[key]:
+                raise ValueError(
+                    f"Cannot resume: the state was saved with {key}={saved.get(key)!r} but this packer has "
+                    f"{key}={current[key]!r}. Resume with the configuration the state was saved with (same sources, "
+                    "pack_len, buffer_size, strategy, overlong, rank, world_size and DataLoader num_workers), or start "
+                    "from scratch without loading it."
+                )
+        self._resume = state
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"`{name}` must be an int, got {value!r}.")
+    if value <= 0:
+        raise ValueError(f"`{name}` must be positive, got {value}.")
