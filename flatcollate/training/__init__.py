@@ -1,0 +1,11 @@
+"""Training glue: loss normalization across accumulation steps and data-parallel ranks."""
+
+from .loss import (
+    count_items,
+    global_num_items,
+    normalized_loss,
+    sequence_loss_terms,
+    token_loss_terms,
+)
+
+__all__ = ["count_items", "global_num_items", "normalized_loss", "sequence_loss_terms", "token_loss_terms"]
