@@ -34,3 +34,8 @@ HAS_FLEX_ATTENTION: bool = importlib.util.find_spec("torch.nn.attention.flex_att
 
 HAS_CUDA: bool = torch.cuda.is_available()
 """A CUDA device is visible to this process."""
+
+
+def is_cuda_tensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` lives on a CUDA device (the one place dispatch asks; tests patch it to reach CUDA paths)."""
+    return tensor.is_cuda

@@ -35,7 +35,7 @@ def select_kernel(query: torch.Tensor, *, softcap: float | None, dropout: float)
         softcap (`float`, *optional*): attention logit soft-capping.
         dropout (`float`): attention dropout probability.
     """
-    on_cuda = query.is_cuda and capabilities.HAS_CUDA
+    on_cuda = capabilities.HAS_CUDA and capabilities.is_cuda_tensor(query)
     if on_cuda and query.dtype in _HALF:
         if capabilities.HAS_FLASH_ATTN and query.shape[-1] <= 256:
             return "flash_attn"

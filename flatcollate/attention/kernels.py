@@ -58,24 +58,56 @@ def _document_ids(segments: PackedSegments, total: int) -> torch.Tensor:
     return torch.repeat_interleave(ids, lengths, output_size=total)
 
 
-def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
-    """`flex_attention` with a document block mask (trains on CUDA; on CPU only without grad)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+_BLOCK_MASKS: dict[str, tuple] = {}
+_COMPILED_FLEX: dict[str, object] = {}
 
-    if dropout:
-        raise ValueError("`flex_attention` has no dropout; set the model's attention dropout to 0 or use sdpa.")
-    total = query.shape[0]
+
+def _document_block_mask(segments: PackedSegments, total: int, window: int | None, device):
+    """Block mask of causal attention inside each document, built once per boundaries tensor and window.
+
+    Layers of one forward share the collator's `cu_seq_lens` object, so only the first layer (per window size)
+    builds the mask; the entry holds that tensor, so a hit needs the very same object, unmodified.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    cu = segments.cu_seqlens
+    entry = _BLOCK_MASKS.get(str(window))
+    if entry is not None and entry[0] is cu and entry[1] == cu._version and entry[2] == total:
+        return entry[3]
     docs = _document_ids(segments, total)
 
     def document_causal(b, h, q_idx, kv_idx):
         keep = (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
         return keep if window is None else keep & (q_idx - kv_idx < window)
 
+    block_mask = create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
+    _BLOCK_MASKS[str(window)] = (cu, cu._version, total, block_mask)
+    return block_mask
+
+
+def _flex_attention(device_type: str):
+    """`flex_attention`, compiled on CUDA (the unfused eager version materializes all scores)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device_type != "cuda":
+        return flex_attention
+    if "cuda" not in _COMPILED_FLEX:
+        _COMPILED_FLEX["cuda"] = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED_FLEX["cuda"]
+
+
+def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
+    """`flex_attention` with a document block mask (trains on CUDA; on CPU only without grad)."""
+    if dropout:
+        raise ValueError("`flex_attention` has no dropout; set the model's attention dropout to 0 or use sdpa.")
+    if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
+        raise ValueError("`flex_attention` cannot train on CPU; use the `sdpa` packed kernel (the CPU default).")
+
     def soft_cap(score, b, h, q_idx, kv_idx):
         return softcap * torch.tanh(score / softcap)
 
-    block_mask = create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=query.device)
-    out = flex_attention(
+    block_mask = _document_block_mask(segments, query.shape[0], window, query.device)
+    out = _flex_attention(query.device.type)(
         query.transpose(0, 1).unsqueeze(0),
         key.transpose(0, 1).unsqueeze(0),
         value.transpose(0, 1).unsqueeze(0),

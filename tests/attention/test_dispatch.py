@@ -1,0 +1,178 @@
+"""Kernel dispatch with capabilities patched on and off, and boundary reuse across layers of a real model."""
+
+import numpy as np
+import pytest
+import torch
+
+from flatcollate.attention import capabilities, packed_attention_forward, segments, select_kernel
+from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
+from flatcollate.modeling import prepare_model_for_flattening
+from flatcollate.models import tiny_causal_lm
+
+LENGTHS = [6, 1, 9]
+
+
+def layer_inputs(dtype=torch.bfloat16, heads=4, kv_heads=2, head_dim=16):
+    total = sum(LENGTHS)
+    q = torch.randn(1, heads, total, head_dim, dtype=dtype)
+    k, v = (torch.randn(1, kv_heads, total, head_dim, dtype=dtype) for _ in range(2))
+    cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(LENGTHS)))
+    kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(LENGTHS), "max_length_k": max(LENGTHS)}
+    return q, k, v, kwargs
+
+
+class Recorder:
+    """A fake kernel: records how it was called and returns zeros of the varlen output shape."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        query = kwargs["q"] if "q" in kwargs else args[0]
+        return torch.zeros_like(query)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Pretend the tensors are on CUDA and every kernel is installed, each replaced by a recorder."""
+    monkeypatch.setattr(capabilities, "HAS_CUDA", True)
+    monkeypatch.setattr(capabilities, "is_cuda_tensor", lambda tensor: True)
+    fakes = {"flash_attn": Recorder(), "torch_varlen": Recorder()}
+    monkeypatch.setattr(capabilities, "HAS_FLASH_ATTN", True)
+    monkeypatch.setattr(capabilities, "flash_attn_varlen_func", fakes["flash_attn"])
+    monkeypatch.setattr(capabilities, "HAS_TORCH_VARLEN", True)
+    monkeypatch.setattr(capabilities, "varlen_attn", fakes["torch_varlen"])
+    return fakes
+
+
+def test_cpu_tensors_always_take_the_sdpa_kernel():
+    q = torch.randn(8, 4, 16, dtype=torch.bfloat16)
+    assert select_kernel(q, softcap=None, dropout=0.0) == "sdpa"
+    assert select_kernel(q.float(), softcap=30.0, dropout=0.1) == "sdpa"
+
+
+def test_flash_attn_preferred_and_called_by_keyword(fake_cuda):
+    q, k, v, kwargs = layer_inputs()
+    out, _ = packed_attention_forward(
+        torch.nn.Module(), q, k, v, None, scaling=0.2, dropout=0.1, sliding_window=4, softcap=20.0, **kwargs
+    )
+    assert out.shape == (1, sum(LENGTHS), 4, 16)
+    (args, called), *rest = fake_cuda["flash_attn"].calls
+    assert args == () and rest == []
+    assert called["cu_seqlens_q"] is kwargs["cu_seq_lens_q"] and called["cu_seqlens_k"] is kwargs["cu_seq_lens_q"]
+    assert called["max_seqlen_q"] == called["max_seqlen_k"] == 9 and isinstance(called["max_seqlen_q"], int)
+    assert called["causal"] is True and called["window_size"] == (3, 0)
+    assert called["softcap"] == 20.0 and called["softmax_scale"] == 0.2 and called["dropout_p"] == 0.1
+    assert called["q"].shape == (sum(LENGTHS), 4, 16) and called["k"].shape == (sum(LENGTHS), 2, 16)
+    assert fake_cuda["torch_varlen"].calls == []
+
+
+def test_torch_varlen_without_flash_attn(fake_cuda, monkeypatch):
+    monkeypatch.setattr(capabilities, "HAS_FLASH_ATTN", False)
+    q, k, v, kwargs = layer_inputs()
+    packed_attention_forward(torch.nn.Module(), q, k, v, None, **kwargs)
+    (args, called), *rest = fake_cuda["torch_varlen"].calls
+    assert rest == [] and args[3] is kwargs["cu_seq_lens_q"] and args[5:] == (9, 9)
+    assert called["window_size"] == (-1, 0) and called["enable_gqa"] is True and called["scale"] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("flags", "options", "expected"),
+    [
+        ({}, {"softcap": None, "dropout": 0.0}, "flash_attn"),
+        ({"HAS_FLASH_ATTN": False}, {"softcap": None, "dropout": 0.0}, "torch_varlen"),
+        ({"HAS_FLASH_ATTN": False}, {"softcap": 30.0, "dropout": 0.0}, "flex"),
+        ({"HAS_FLASH_ATTN": False}, {"softcap": None, "dropout": 0.1}, "sdpa"),
+        ({"HAS_FLASH_ATTN": False, "HAS_TORCH_VARLEN": False}, {"softcap": None, "dropout": 0.0}, "flex"),
+        (
+            {"HAS_FLASH_ATTN": False, "HAS_TORCH_VARLEN": False, "HAS_FLEX_ATTENTION": False},
+            {"softcap": None, "dropout": 0.0},
+            "sdpa",
+        ),
+    ],
+)
+def test_dispatch_order(fake_cuda, monkeypatch, flags, options, expected):
+    for name, value in flags.items():
+        monkeypatch.setattr(capabilities, name, value)
+    assert select_kernel(torch.zeros(4, 2, 8, dtype=torch.float16), **options) == expected
+
+
+def test_fp32_on_cuda_skips_half_only_kernels(fake_cuda):
+    assert select_kernel(torch.zeros(4, 2, 8), softcap=None, dropout=0.0) == "flex"
+
+
+def test_head_dim_over_256_skips_flash_attn(fake_cuda):
+    assert select_kernel(torch.zeros(4, 2, 512, dtype=torch.float16), softcap=None, dropout=0.0) == "torch_varlen"
+
+
+def test_unknown_backend_and_missing_boundaries_raise():
+    q, k, v, kwargs = layer_inputs(dtype=torch.float32)
+    with pytest.raises(ValueError, match="Unknown packed attention backend 'nope'"):
+        packed_attention_forward(torch.nn.Module(), q, k, v, None, backend="nope", **kwargs)
+    with pytest.raises(ValueError, match="needs sequence boundaries"):
+        packed_attention_forward(torch.nn.Module(), q, k, v, None)
+    with pytest.raises(ValueError, match="takes no `attention_mask`"):
+        packed_attention_forward(torch.nn.Module(), q, k, v, torch.ones(1, 1, 16, 16, dtype=torch.bool), **kwargs)
+    with pytest.raises(ValueError, match="use_cache=False"):
+        packed_attention_forward(torch.nn.Module(), q, torch.cat([k, k], 2), torch.cat([v, v], 2), None, **kwargs)
+
+
+class CountingDict(dict):
+    """A cache dict that counts how often an entry is (re)computed."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, key, value):
+        self.writes += 1
+        super().__setitem__(key, value)
+
+
+@pytest.fixture
+def four_layer_llama():
+    return prepare_model_for_flattening(tiny_causal_lm("llama", num_hidden_layers=4))
+
+
+def _batch(with_boundaries: bool) -> dict:
+    cu = lengths_to_cu_seqlens(np.array(LENGTHS))
+    batch = {
+        "input_ids": torch.randint(0, 256, (1, int(cu[-1]))),
+        "position_ids": torch.from_numpy(cu_seqlens_to_position_ids(cu))[None],
+    }
+    if with_boundaries:
+        cu_t = torch.from_numpy(cu)
+        batch |= {"cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t, "max_length_q": 9, "max_length_k": 9}
+    return batch
+
+
+def test_collator_boundaries_are_never_recomputed_per_layer(four_layer_llama, monkeypatch):
+    derived, host = CountingDict(), CountingDict()
+    monkeypatch.setattr(segments, "_DERIVED", derived)
+    monkeypatch.setattr(segments, "_HOST", host)
+    calls = []
+    original = segments.segments_from_kwargs
+    monkeypatch.setattr(
+        "flatcollate.attention.dispatch.segments_from_kwargs", lambda kw, **o: calls.append(1) or original(kw, **o)
+    )
+    four_layer_llama(**_batch(with_boundaries=True))
+    assert len(calls) == 4, "the backend should run once per layer"
+    assert derived.writes == 0, "boundaries were derived from position_ids although the collator supplied them"
+    assert host.writes == 1, "cu_seq_lens should be copied to the host once per forward, not once per layer"
+
+
+def test_position_ids_only_are_derived_once_per_forward(four_layer_llama, monkeypatch):
+    derived = CountingDict()
+    monkeypatch.setattr(segments, "_DERIVED", derived)
+    four_layer_llama(**_batch(with_boundaries=False))
+    assert derived.writes == 1
+    four_layer_llama(**_batch(with_boundaries=False))
+    assert derived.writes == 2
+
+
+def test_position_ids_only_and_collator_kwargs_give_the_same_logits(four_layer_llama):
+    torch.manual_seed(0)
+    batch = _batch(with_boundaries=True)
+    plain = {k: batch[k] for k in ("input_ids", "position_ids")}
+    torch.testing.assert_close(four_layer_llama(**batch).logits, four_layer_llama(**plain).logits)

@@ -1,0 +1,140 @@
+"""Each CPU-runnable packed kernel against a dense reference: outputs and gradients, ragged lengths, GQA, windows."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flatcollate.attention import PackedSegments, packed_attention_forward
+from flatcollate.attention.kernels import flex_kernel, sdpa_kernel
+from flatcollate.boundaries import lengths_to_cu_seqlens
+
+
+def reference_attention(query, key, value, lengths, *, scale, window=None, softcap=None):
+    """Slow, obviously correct packed attention: a loop over sequences, each a float64 softmax with an explicit mask.
+
+    query `(T, Hq, D)`, key/value `(T, Hkv, D)`; returns `(T, Hq, D)` in the query's dtype.
+    """
+    groups = query.shape[1] // key.shape[1]
+    outputs, start = [], 0
+    for length in lengths:  # one sequence at a time: nothing can leak across boundaries
+        q = query[start : start + length].double().transpose(0, 1)
+        k = key[start : start + length].double().repeat_interleave(groups, dim=1).transpose(0, 1)
+        v = value[start : start + length].double().repeat_interleave(groups, dim=1).transpose(0, 1)
+        scores = q @ k.transpose(-1, -2) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        i = torch.arange(length)[:, None]
+        j = torch.arange(length)[None, :]
+        allowed = j <= i
+        if window is not None:
+            allowed &= i - j < window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        outputs.append((torch.softmax(scores, dim=-1) @ v).transpose(0, 1))
+        start += length
+    return torch.cat(outputs).to(query.dtype)
+
+
+def make_inputs(lengths, *, heads=4, kv_heads=2, head_dim=16, seed=0, requires_grad=False):
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    tensors = [
+        torch.randn(total, h, head_dim, generator=generator, requires_grad=requires_grad)
+        for h in (heads, kv_heads, kv_heads)
+    ]
+    cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
+    return tensors, PackedSegments(cu_seqlens=cu, max_length=max(lengths))
+
+
+LENGTH_MIXES = {
+    "ragged": [37, 1, 23, 16, 5],
+    "length_one": [1],
+    "one_sequence": [61],
+    "many_tiny": [1, 2, 1, 3, 1, 1, 2, 1, 1, 4],
+    "random": np.random.default_rng(7).integers(1, 60, size=12).tolist(),
+}
+CASES = [
+    {"heads": 4, "kv_heads": 4},
+    {"heads": 4, "kv_heads": 2},
+    {"heads": 6, "kv_heads": 1},
+    {"heads": 4, "kv_heads": 2, "window": 7},
+    {"heads": 4, "kv_heads": 2, "softcap": 5.0},
+    {"heads": 4, "kv_heads": 1, "softcap": 3.0, "window": 4},
+]
+
+
+def _run(kernel, case, lengths, *, requires_grad=False):
+    (q, k, v), segments = make_inputs(
+        lengths, heads=case["heads"], kv_heads=case["kv_heads"], head_dim=24, requires_grad=requires_grad
+    )
+    options = {"scale": 0.3, "window": case.get("window"), "softcap": case.get("softcap")}
+    out = kernel(q, k, v, segments, dropout=0.0, **options)
+    expected = reference_attention(q, k, v, lengths, **options)
+    return (q, k, v), out, expected
+
+
+@pytest.mark.parametrize(("mix", "case"), itertools.product(LENGTH_MIXES, range(len(CASES))))
+def test_sdpa_kernel_matches_reference_outputs_and_gradients(mix, case):
+    lengths = LENGTH_MIXES[mix]
+    inputs, out, expected = _run(sdpa_kernel, CASES[case], lengths, requires_grad=True)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad_out)
+    want = torch.autograd.grad(expected, inputs, grad_out)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_kernel_forward_matches_reference_on_cpu(case):
+    lengths = LENGTH_MIXES["ragged"]
+    with torch.no_grad():
+        _, out, expected = _run(flex_kernel, CASES[case], lengths)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_window_exactly_the_sequence_length_is_plain_causal():
+    lengths = [16, 16]
+    _, out, expected = _run(sdpa_kernel, {"heads": 2, "kv_heads": 2, "window": 16}, lengths)
+    _, plain, _ = _run(sdpa_kernel, {"heads": 2, "kv_heads": 2}, lengths)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, plain)
+
+
+def test_boundaries_that_do_not_cover_the_row_raise():
+    (q, k, v), _ = make_inputs([4, 4])
+    short = PackedSegments(cu_seqlens=torch.tensor([0, 4, 7], dtype=torch.int32), max_length=4)
+    with pytest.raises(ValueError, match="covers 7 tokens but the row holds 8"):
+        sdpa_kernel(q, k, v, short, scale=0.25, window=None, softcap=None, dropout=0.0)
+
+
+def test_dropout_in_sdpa_kernel_is_applied_in_training():
+    (q, k, v), segments = make_inputs([40, 24])
+    torch.manual_seed(0)
+    dropped = sdpa_kernel(q, k, v, segments, scale=0.25, window=None, softcap=None, dropout=0.5)
+    plain = sdpa_kernel(q, k, v, segments, scale=0.25, window=None, softcap=None, dropout=0.0)
+    assert not torch.allclose(dropped, plain)
+
+
+def test_forward_function_layout_and_default_scale():
+    lengths = [9, 1, 14]
+    (q, k, v), segments = make_inputs(lengths, heads=4, kv_heads=2, head_dim=16)
+    module = torch.nn.Module()
+    out, weights = packed_attention_forward(
+        module,
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        None,
+        cu_seq_lens_q=segments.cu_seqlens,
+        cu_seq_lens_k=segments.cu_seqlens,
+        max_length_q=14,
+        max_length_k=14,
+    )
+    assert weights is None
+    assert out.shape == (1, 24, 4, 16)
+    expected = reference_attention(q, k, v, lengths, scale=1 / math.sqrt(16))
+    torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-5)
