@@ -1,0 +1,2 @@
+"""Glue for training libraries. Each submodule imports its library, so import the one you use:
+`from flatcollate.integrations.trl import FlatSFTTrainer`."""

@@ -1,0 +1,55 @@
+"""Synthetic SFT data for offline examples: random token ids whose lengths follow a real length profile."""
+
+import datasets
+import numpy as np
+
+from ._conventions import IGNORE_INDEX
+
+
+def synthetic_sft_dataset(
+    num_examples: int,
+    *,
+    profile: str = "gsm8k",
+    vocab_size: int = 256,
+    seed: int = 0,
+    response_template: list[int] | None = None,
+    max_tokens: int | None = None,
+) -> datasets.Dataset:
+    """Prompt/completion examples of random ids, with prompt labels set to -100.
+
+    Args:
+        num_examples (`int`): rows to make.
+        profile (`str`): a length profile of `flatcollate.bench.load_profile` (`"gsm8k"`, `"flan"`, ...).
+        vocab_size (`int`): ids are drawn from `[0, vocab_size)`, never from the template's ids.
+        seed (`int`): the same seed gives the same rows.
+        response_template (`list[int]`, *optional*): ids inserted between prompt and completion (for the
+            completion-only collator, which finds them); they are part of the prompt.
+        max_tokens (`int`, *optional*): lengths are scaled down so no row exceeds this many tokens.
+
+    Returns:
+        `datasets.Dataset` with `input_ids` (list of int64) and `labels` (prompt and template -100).
+
+    >>> ds = synthetic_sft_dataset(4, response_template=[7, 8], seed=1)
+    >>> row = ds[0]
+    >>> len(row["input_ids"]) == len(row["labels"]), row["labels"][0]
+    (True, -100)
+    """
+    from .bench import load_profile
+
+    prompt_lengths, completion_lengths = load_profile(profile).sample(num_examples, seed=seed)
+    template = list(response_template or [])
+    if max_tokens is not None:
+        longest = int((prompt_lengths + completion_lengths).max()) + len(template)
+        if longest > max_tokens:
+            scale = (max_tokens - len(template)) / (longest - len(template))
+            prompt_lengths = np.maximum((prompt_lengths * scale).astype(np.int64), 1)
+            completion_lengths = np.maximum((completion_lengths * scale).astype(np.int64), 1)
+    rng = np.random.default_rng(seed)
+    allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(template, dtype=np.int64))
+    rows = {"input_ids": [], "labels": []}
+    for p, c in zip(prompt_lengths.tolist(), completion_lengths.tolist(), strict=True):  # one row per example
+        prompt = rng.choice(allowed, p).tolist() + template
+        completion = rng.choice(allowed, c).tolist()
+        rows["input_ids"].append(prompt + completion)
+        rows["labels"].append([IGNORE_INDEX] * len(prompt) + completion)
+    return datasets.Dataset.from_dict(rows)
