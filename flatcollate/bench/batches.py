@@ -1,0 +1,180 @@
+"""Synthetic training examples from a length profile, and the batches each benchmark mode trains on.
+
+Every mode sees exactly the same sequences (random token ids, prompt tokens labelled -100); only the grouping and
+the layout differ. Three sequences of lengths 3, 1 and 2 with batch size 3 (`.` is padding, `|` a boundary)::
+
+    padded       [a a a]  [b . .]  [c c .]      (3, 3) + attention_mask, padded to the longest in the batch
+    padded_max   [a a a . . . .] ... x3         (3, max_length) + attention_mask, the pad-everything baseline
+    flattened    [a a a | b | c c]              (1, 6), restarting position_ids, cu_seq_lens, no attention_mask
+    packed       [a a a | c c | b ...]          (1, <= pack_len) per step: best-fit-decreasing packs, flattened
+
+Token ids are drawn with numpy from offsets into one flat array: no Python loop over tokens.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._conventions import IGNORE_INDEX
+from .profiles import LengthProfile
+
+MODES = ("padded", "padded_max", "flattened", "packed")
+"""Benchmark modes, in the order they are reported."""
+
+
+@dataclass(frozen=True)
+class SyntheticSequences:
+    """Random sequences drawn from a profile, stored flat.
+
+    Args:
+        tokens (`np.ndarray` of shape `(T,)`, int64): every sequence's token ids back to back.
+        labels (`np.ndarray` of shape `(T,)`, int64): `tokens` with prompt positions set to -100.
+        lengths (`np.ndarray` of shape `(N,)`, int64): tokens per sequence, each in `[1, max_length]`.
+        truncated (`int`): sequences that were longer than `max_length` and lost their tail (as an SFT trainer's
+            `max_length` truncation does).
+    """
+
+    tokens: np.ndarray
+    labels: np.ndarray
+    lengths: np.ndarray
+    truncated: int
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """`(N + 1,)` int64 start of every sequence in the flat arrays."""
+        return np.concatenate([[0], np.cumsum(self.lengths)])
+
+    def features(self, indices: np.ndarray) -> list[dict[str, np.ndarray]]:
+        """Examples `{"input_ids", "labels"}` (1-D int64 views) for a collator, in the order of `indices`."""
+        starts, ends = self.offsets[indices], self.offsets[indices + 1]
+        # One dict per sequence: this is the per-example interface collators take.
+        return [{"input_ids": self.tokens[s:e], "labels": self.labels[s:e]} for s, e in zip(starts, ends, strict=True)]
+
+
+def synthetic_sequences(
+    profile: LengthProfile, n: int, *, max_length: int, vocab_size: int, seed: int
+) -> SyntheticSequences:
+    """Draw `n` sequences: lengths from `profile`, ids uniform in `[1, vocab_size)` (0 is left for padding).
+
+    >>> from flatcollate.bench import load_profile
+    >>> seqs = synthetic_sequences(load_profile("gsm8k"), 4, max_length=64, vocab_size=100, seed=0)
+    >>> int(seqs.lengths.max()) <= 64, seqs.tokens.shape == (int(seqs.lengths.sum()),)
+    (True, True)
+    """
+    if max_length < 1 or vocab_size < 2:
+        raise ValueError(f"Need max_length >= 1 and vocab_size >= 2, got {max_length} and {vocab_size}.")
+    prompt, completion = profile.sample(n, seed=seed)
+    full = prompt + completion
+    lengths = np.minimum(full, max_length)
+    rng = np.random.default_rng(seed + 1)
+    tokens = rng.integers(1, vocab_size, size=int(lengths.sum()), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    # Position of each token inside its own sequence: flat index minus the start of its sequence.
+    within = np.arange(tokens.size) - np.repeat(offsets[:-1], lengths)
+    labels = np.where(within < np.repeat(prompt, lengths), IGNORE_INDEX, tokens)
+    return SyntheticSequences(tokens, labels, lengths, truncated=int((full > max_length).sum()))
+
+
+def pad_batch(seqs: SyntheticSequences, indices: np.ndarray, *, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded batch with an attention mask, as `DataCollatorWithPadding` would build it.
+
+    Args:
+        seqs (`SyntheticSequences`): the pool.
+        indices (`np.ndarray` of shape `(B,)`): sequences in the batch.
+        pad_to (`int`, *optional*): pad every row to this length instead of the longest in the batch.
+
+    Returns:
+        `input_ids`, `labels` `(B, L)` int64 (pad 0 / -100), `attention_mask` `(B, L)` int64.
+
+    >>> seqs = SyntheticSequences(np.arange(1, 5), np.arange(1, 5), np.array([3, 1]), 0)
+    >>> pad_batch(seqs, np.array([0, 1]))["input_ids"].tolist()
+    [[1, 2, 3], [4, 0, 0]]
+    """
+    lengths = seqs.lengths[indices]
+    width = int(lengths.max()) if pad_to is None else pad_to
+    if width < lengths.max():
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest sequence in the batch ({lengths.max()}).")
+    mask = np.arange(width) < lengths[:, None]
+    batch_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    # Flat index of every real token: its sequence's start in the pool plus its position inside the sequence.
+    within = np.arange(batch_offsets[-1]) - np.repeat(batch_offsets[:-1], lengths)
+    flat = np.repeat(seqs.offsets[indices], lengths) + within
+    input_ids = np.zeros(mask.shape, dtype=np.int64)
+    labels = np.full(mask.shape, IGNORE_INDEX, dtype=np.int64)
+    # Boolean assignment fills row by row, the same order as the concatenated sequences.
+    input_ids[mask] = seqs.tokens[flat]
+    labels[mask] = seqs.labels[flat]
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "labels": torch.from_numpy(labels),
+        "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+    }
+
+
+def default_pack_len(seqs: SyntheticSequences, *, batch_size: int, max_length: int) -> int:
+    """Tokens per pack so that packs carry about as many tokens as a batch: `batch_size` x mean length, rounded up
+    to a multiple of 64, and never below `max_length` (every sequence must fit)."""
+    target = int(np.ceil(batch_size * seqs.lengths.mean() / 64) * 64)
+    return max(target, max_length)
+
+
+def step_batches(
+    seqs: SyntheticSequences,
+    mode: str,
+    *,
+    batch_size: int,
+    max_length: int,
+    pack_len: int,
+    flattening_collator,
+) -> list[dict]:
+    """The batches of one pass over `seqs` in `mode` (see the module docstring).
+
+    `padded`, `padded_max` and `flattened` take consecutive groups of `batch_size` sequences, so they run the same
+    number of optimizer steps; `packed` runs one step per best-fit-decreasing pack of at most `pack_len` tokens.
+    """
+    if mode not in MODES:
+        raise ValueError(f"Unknown mode {mode!r}; choose from {MODES}.")
+    order = np.arange(len(seqs.lengths))
+    if mode == "packed":
+        from ..data.packing import pack_lengths
+
+        groups = pack_lengths(seqs.lengths, pack_len, strategy="bfd")
+    else:
+        groups = np.split(order, np.arange(batch_size, len(order), batch_size))
+    batches = []
+    # One collation per optimizer step.
+    for group in groups:
+        if mode == "padded":
+            batches.append(pad_batch(seqs, group))
+        elif mode == "padded_max":
+            batches.append(pad_batch(seqs, group, pad_to=max_length))
+        elif mode == "flattened":
+            batches.append(flattening_collator(seqs.features(group)))
+        else:
+            features = seqs.features(group)
+            packed = {
+                "input_ids": np.concatenate([f["input_ids"] for f in features]),
+                "labels": np.concatenate([f["labels"] for f in features]),
+                "seq_lengths": seqs.lengths[group].tolist(),
+            }
+            batches.append(flattening_collator([packed]))
+    return batches
+
+
+def real_tokens(batch: dict) -> int:
+    """Non-pad tokens of a batch: the attention mask's ones, or every token of a flattened row."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+
+
+def slot_tokens(batch: dict) -> int:
+    """Tokens the model computes on, padding included."""
+    return int(batch["input_ids"].numel())
+
+
+def has_packing() -> bool:
+    """Whether `flatcollate.data.packing.pack_lengths` is available (the `packed` mode needs it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("flatcollate.data.packing") is not None
