@@ -1,0 +1,146 @@
+"""A batch sampler that balances tokens per batch and per data-parallel rank (multipack-style).
+
+With a flattening collator a batch costs what its tokens cost, not `batch_size` rows. This sampler keeps the number
+of optimizer steps of a plain sampler (`ceil(ceil(n / replicas) / batch_size)` batches per rank per epoch) but
+groups sequences so every batch carries nearly the same number of tokens, at most `max_tokens`::
+
+    lengths          [900, 40, 30, 950, 60, 20]       batch_size 2 -> 3 batches
+    plain sampler    [900, 40] [30, 950] [60, 20]     tokens 940, 980, 80
+    token budget     [950] [900] [40, 30, 60, 20]     tokens 950, 900, 150 (largest first into the lightest)
+
+Ranks of one step get the batches closest in tokens, so no rank waits long for another.
+"""
+
+import heapq
+import math
+
+import numpy as np
+import torch
+
+
+def balanced_batches(lengths: np.ndarray, num_batches: int, *, seed: int = 0) -> list[np.ndarray]:
+    """Split sequences into `num_batches` groups of near-equal token count (largest first into the lightest group).
+
+    Args:
+        lengths (`np.ndarray` of shape `(N,)`, integer): tokens per sequence.
+        num_batches (`int`): number of groups, at most `N`.
+        seed (`int`): breaks ties between equal lengths at random.
+
+    Returns:
+        `list[np.ndarray]`: `num_batches` int64 index arrays (ascending), every index in exactly one; the heaviest
+        group exceeds the lightest by at most the longest sequence.
+
+    >>> [b.tolist() for b in balanced_batches(np.array([900, 40, 30, 950, 60, 20]), 3)]
+    [[3], [0], [1, 2, 4, 5]]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    shuffled = np.random.default_rng(seed).permutation(len(lengths))
+    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+    heap = [(0, b) for b in range(num_batches)]
+    batch_of = np.empty(len(lengths), dtype=np.int64)
+    # One heap step per sequence: each placement depends on the loads left by the ones before it.
+    for i, size in zip(order.tolist(), lengths[order].tolist(), strict=True):
+        load, b = heapq.heappop(heap)
+        batch_of[i] = b
+        heapq.heappush(heap, (load + size, b))
+    by_batch = np.argsort(batch_of, kind="stable")
+    return np.split(by_batch, np.cumsum(np.bincount(batch_of, minlength=num_batches))[:-1])
+
+
+class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
+    """Batches of at most `max_tokens` tokens with near-equal token counts, as many per epoch as a plain sampler.
+
+    Args:
+        lengths (`Sequence[int]` or `np.ndarray` of shape `(N,)`): tokens of every example.
+        batch_size (`int`): the plain per-rank batch size; sets the number of batches per epoch.
+        max_tokens (`int`): most tokens in one batch.
+        seed (`int`, *optional*, defaults to 0): seed of the grouping and of the batch order (plus the epoch).
+        drop_last (`bool`, *optional*, defaults to `False`): use `floor(N / (replicas * batch_size))` batches per
+            rank and leave the remaining examples (chosen at random each epoch) out.
+        num_replicas (`int`, *optional*): data-parallel world size; defaults to `torch.distributed`'s, else 1.
+        rank (`int`, *optional*): this process's rank; defaults to `torch.distributed`'s, else 0.
+
+    Yields `list[int]` of dataset indices, one list per step for this rank.
+
+    >>> sampler = TokenBudgetBatchSampler([900, 40, 30, 950, 60, 20], batch_size=2, max_tokens=1000)
+    >>> len(sampler), sorted(i for batch in sampler for i in batch)
+    (3, [0, 1, 2, 3, 4, 5])
+    """
+
+    def __init__(
+        self,
+        lengths,
+        *,
+        batch_size: int,
+        max_tokens: int,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ):
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.num_replicas = (
+            num_replicas if num_replicas is not None else (torch.distributed.get_world_size() if distributed else 1)
+        )
+        self.rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
+        if batch_size < 1 or max_tokens < 1 or self.num_replicas < 1:
+            raise ValueError(
+                f"batch_size ({batch_size}), max_tokens ({max_tokens}) and num_replicas ({self.num_replicas}) "
+                "must be positive."
+            )
+        if not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank {self.rank} is not in [0, num_replicas={self.num_replicas}).")
+        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        self.batch_size, self.max_tokens, self.seed, self.drop_last = batch_size, max_tokens, seed, drop_last
+        self.epoch = 0
+        n = len(self.lengths)
+        if drop_last:
+            self.num_steps = n // (self.num_replicas * batch_size)
+        else:
+            self.num_steps = math.ceil(math.ceil(n / self.num_replicas) / batch_size)
+        if n and self.num_steps * self.num_replicas > n:
+            raise ValueError(
+                f"{n} examples cannot fill {self.num_steps} steps x {self.num_replicas} replicas with at least one "
+                "example per batch; use fewer replicas or a larger batch_size."
+            )
+        too_long = np.flatnonzero(self.lengths > max_tokens)
+        if too_long.size:
+            i = int(too_long[0])
+            raise ValueError(
+                f"example {i} has {self.lengths[i]} tokens > max_tokens {max_tokens}; raise max_tokens or "
+                "truncate the example."
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for `epoch` (call before iterating, as with `DistributedSampler`)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+    def epoch_batches(self) -> list[list[np.ndarray]]:
+        """All batches of this epoch: `steps x replicas` index arrays, the same on every rank."""
+        rng = np.random.default_rng((self.seed, self.epoch))
+        n_batches = self.num_steps * self.num_replicas
+        if n_batches == 0:
+            return []
+        chosen = np.arange(len(self.lengths))
+        if self.drop_last:
+            chosen = np.sort(rng.permutation(chosen)[: n_batches * self.batch_size])
+        groups = [chosen[g] for g in balanced_batches(self.lengths[chosen], n_batches, seed=int(rng.integers(2**31)))]
+        loads = np.array([self.lengths[g].sum() for g in groups])
+        heaviest = int(loads.max())
+        if heaviest > self.max_tokens:
+            need = math.ceil(int(loads.sum()) / n_batches)
+            raise ValueError(
+                f"max_tokens {self.max_tokens} cannot hold {len(chosen)} examples ({int(loads.sum())} tokens) in "
+                f"{self.num_steps} steps x {self.num_replicas} replicas: the balanced batches need up to {heaviest} "
+                f"tokens (at least {need} on average); raise max_tokens or batch_size."
+            )
+        # Ranks of one step get neighbouring loads so none waits long; steps then come in random order.
+        by_load = np.argsort(loads, kind="stable").reshape(self.num_steps, self.num_replicas)
+        return [[groups[b] for b in by_load[s]] for s in rng.permutation(self.num_steps)]
+
+    def __iter__(self):
+        for step in self.epoch_batches():
+            yield step[self.rank].tolist()
