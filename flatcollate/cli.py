@@ -5,7 +5,7 @@ import importlib
 import sys
 
 # Each module here exposes `register_cli(subparsers)`, which adds its sub-parser and sets `func=` on it.
-_COMMANDS: tuple[str, ...] = ()
+_COMMANDS: tuple[str, ...] = ("flatcollate.check", "flatcollate.bench.cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

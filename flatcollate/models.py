@@ -39,8 +39,9 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
     else:
         config = AutoConfig.for_model(str(model))
     for name, value in {**TINY_SIZES, **overrides}.items():
-        if name in overrides or _defines(config, name):
+        if name in overrides or (_defines(config, name) and _settable(config, name)):
             setattr(config, name, value)
+    _fit_state_space_heads(config, overrides)
     return config
 
 
@@ -54,11 +55,16 @@ def tiny_causal_lm(
 ) -> PreTrainedModel:
     """A causal LM with random weights from `tiny_config(model, **overrides)`, in eval mode and fp32 by default.
 
+    A family without an SDPA path gets `eager` when `sdpa` (the default) is asked for.
+
     >>> m = tiny_causal_lm("qwen2")
     >>> m.config.model_type, m.config._attn_implementation
     ('qwen2', 'sdpa')
     """
     config = tiny_config(model, **overrides)
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    if attn_implementation == "sdpa" and not model_class._supports_sdpa:
+        attn_implementation = "eager"  # families without an SDPA path (e.g. Gemma 2's soft-capping) run eager
     torch.manual_seed(seed)
     built = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     return built.eval()
@@ -67,3 +73,19 @@ def tiny_causal_lm(
 def _defines(config: PretrainedConfig, name: str) -> bool:
     """Whether the config (or its attribute map) has a non-None value for `name`."""
     return getattr(config, name, None) is not None
+
+
+def _settable(config: PretrainedConfig, name: str) -> bool:
+    """False for read-only properties (e.g. a `head_dim` computed from other sizes)."""
+    attribute = getattr(type(config), config.attribute_map.get(name, name), None)
+    return not (isinstance(attribute, property) and attribute.fset is None)
+
+
+def _fit_state_space_heads(config: PretrainedConfig, overrides: dict) -> None:
+    """Mamba-2 style configs tie `num_heads * head_dim` to `expand * hidden_size`; keep that true after shrinking."""
+    if "num_heads" in overrides or not all(_defines(config, n) for n in ("expand", "head_dim", "num_heads")):
+        return
+    if config.model_type in ("mamba2",):
+        config.num_heads = config.expand * config.hidden_size // config.head_dim
+        if _defines(config, "n_groups"):
+            config.n_groups = 1

@@ -2,7 +2,8 @@
 
 A family is exact when its attention layers dispatch through transformers' attention interface and hand the forward's
 keyword arguments (`cu_seq_lens_*`, `position_ids`) down to it: the backend then keeps sequences apart itself, whatever
-the family's mask builder does. The families below break that for a reason no attention function can fix.
+the family's mask builder does. A family whose layers do not dispatch (falcon, bloom, mpt) keeps its own backend and
+gets its mask builders patched (`mask_patch`). The families below break exactness for a reason neither can fix.
 """
 
 from transformers import PreTrainedModel
@@ -46,6 +47,10 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return "it is an encoder-decoder model; flattening applies to decoder-only causal LMs"
     if not getattr(config, "is_causal", True):
         return "it is configured for bidirectional attention (`is_causal=False`)"
-    if not model._can_set_attn_implementation():
-        return "its attention layers do not dispatch through transformers' attention interface"
     return None
+
+
+def takes_packed_backend(model: PreTrainedModel) -> bool:
+    """Whether `model`'s attention layers dispatch through transformers' attention interface (so `flatcollate` can
+    be selected); the others stay on their own backend with `patch_mask_builders`."""
+    return model._can_set_attn_implementation()

@@ -5,8 +5,9 @@ import warnings
 from transformers import PreTrainedModel
 
 from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
-from .families import unsupported_reason
+from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
+from .mask_patch import patch_mask_builders
 
 
 def prepare_model_for_flattening(
@@ -26,6 +27,9 @@ def prepare_model_for_flattening(
         model (`PreTrainedModel`): a decoder-only causal LM; modified in place.
         attn_implementation (`str`, *optional*): attention backend to select; `"flatcollate"` (default) is the packed
             backend of `flatcollate.attention`; `None` keeps the model's current one (e.g. `flash_attention_2`).
+            A family whose layers do not dispatch through transformers' attention interface (falcon, bloom, mpt)
+            keeps its own backend; on any backend other than `flatcollate`, mask builders that drop `position_ids`
+            are patched to receive them, so transformers builds the block-diagonal mask.
         strict (`bool`): raise `ValueError` for a family that cannot be exact; with `False`, warn instead.
 
     Returns:
@@ -50,9 +54,13 @@ def prepare_model_for_flattening(
     model.config.use_cache = False
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.use_cache = False
+    if attn_implementation == ATTN_IMPLEMENTATION and not takes_packed_backend(model):
+        attn_implementation = None  # its layers ignore the attention interface: keep its backend, patch its masks
     if attn_implementation is not None and reason is None:
         if attn_implementation == ATTN_IMPLEMENTATION:
             register_packed_attention()
         model.set_attn_implementation(attn_implementation)
+    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+        patch_mask_builders(model)
     install_guard(model)
     return model

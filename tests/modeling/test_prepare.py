@@ -128,7 +128,7 @@ def test_keep_backend_with_none_stays_exact_with_sdpa():
 
 
 def test_unsupported_family_raises_naming_family_and_reason():
-    model = tiny_causal_lm("mamba2", attn_implementation="eager", num_heads=4, head_dim=16, n_groups=1, expand=2)
+    model = tiny_causal_lm("mamba2", attn_implementation="eager")
     assert "seq_idx" in unsupported_reason(model)
     with pytest.raises(ValueError, match=r"'mamba2'.*seq_idx.*strict=False"):
         prepare_model_for_flattening(model)

@@ -1,0 +1,219 @@
+"""`flatcollate check`: is a model exact on flattened batches, per attention backend?
+
+A tiny random copy of the model runs one flattened row and the same sequences one at a time; logits, loss and
+gradients must agree (fp32 CPU, tolerance 1e-5). The per-sequence reference runs with `eager` attention.
+"""
+
+import argparse
+import copy
+import itertools
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ._conventions import IGNORE_INDEX
+from .attention import ATTN_IMPLEMENTATION
+from .boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
+from .modeling import prepare_model_for_flattening, unsupported_reason
+from .models import tiny_causal_lm
+
+DEFAULT_BACKENDS = ("sdpa", "eager", ATTN_IMPLEMENTATION)
+DEFAULT_LENGTHS = (7, 1, 12, 4)
+
+
+@dataclass(frozen=True)
+class BackendResult:
+    """One backend's verdict: `exact`, `contaminated` or `unsupported` (with `reason`), and the measured gaps."""
+
+    backend: str
+    status: str
+    logits_diff: float | None = None
+    loss_diff: float | None = None
+    grad_diff: float | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Results of `check_model` for one model; `passed` when every requested backend is exact."""
+
+    model_type: str
+    lengths: tuple[int, ...]
+    tolerance: float
+    results: list[BackendResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(result.status == "exact" for result in self.results)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+    def to_markdown(self) -> str:
+        """A table, one row per backend."""
+        rows = [f"{self.model_type} (lengths {list(self.lengths)}, tolerance {self.tolerance:g})", ""]
+        rows += [
+            "| backend | status | max logit diff | loss diff | max grad diff | reason |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in self.results:
+            cells = [_fmt(r.logits_diff), _fmt(r.loss_diff), _fmt(r.grad_diff)]
+            rows.append(f"| {r.backend} | {r.status} | " + " | ".join(cells) + f" | {r.reason or ''} |")
+        return "\n".join(rows)
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.2e}"
+
+
+def _tiny_model(model: str | PretrainedConfig | PreTrainedModel, seed: int, overrides: dict) -> PreTrainedModel:
+    if isinstance(model, PreTrainedModel):
+        return copy.deepcopy(model).float().eval()
+    return tiny_causal_lm(model, attn_implementation="eager", seed=seed, **overrides)
+
+
+def _flattened_inputs(lengths: tuple[int, ...], vocab_size: int, seed: int) -> dict:
+    """A flattened row as the collator emits it: restarting positions, boundaries, first label of each sequence -100."""
+    cu = lengths_to_cu_seqlens(np.asarray(lengths))
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (1, int(cu[-1])), generator=generator)
+    labels = input_ids.clone()
+    labels[0, torch.from_numpy(cu[:-1]).long()] = IGNORE_INDEX
+    cu_t = torch.from_numpy(cu)
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": torch.from_numpy(cu_seqlens_to_position_ids(cu))[None],
+        "cu_seq_lens_q": cu_t,
+        "cu_seq_lens_k": cu_t,
+        "max_length_q": max(lengths),
+        "max_length_k": max(lengths),
+    }
+
+
+def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy of one row, `(1, T, V)` logits and `(1, T)` labels."""
+    return torch.nn.functional.cross_entropy(
+        logits[0, :-1].float(), labels[0, 1:], ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
+def _run_flat(model, batch):
+    model.zero_grad(set_to_none=True)
+    out = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False)
+    count = (batch["labels"][0, 1:] != IGNORE_INDEX).sum()
+    loss = _token_losses(out.logits, batch["labels"]) / count
+    loss.backward()
+    return out.logits.detach(), loss.detach(), _grads(model)
+
+
+def _run_alone(model, batch):
+    """Reference: every sequence through the model on its own; one forward per sequence, never across."""
+    model.zero_grad(set_to_none=True)
+    bounds = batch["cu_seq_lens_q"].tolist()
+    count = (batch["labels"][0, 1:] != IGNORE_INDEX).sum()
+    logits, total = [], 0.0
+    for start, end in itertools.pairwise(bounds):
+        ids, labels = batch["input_ids"][:, start:end], batch["labels"][:, start:end]
+        out = model(input_ids=ids, position_ids=torch.arange(end - start)[None], use_cache=False)
+        total = total + _token_losses(out.logits, labels)
+        logits.append(out.logits.detach())
+    loss = total / count
+    loss.backward()
+    return torch.cat(logits, dim=1), loss.detach(), _grads(model)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _max_grad_diff(a: dict, b: dict) -> float:
+    names = a.keys() | b.keys()
+    zero = torch.zeros(())
+    return max((a.get(n, zero) - b.get(n, zero)).abs().max().item() for n in names) if names else 0.0
+
+
+def check_model(
+    model: str | PretrainedConfig | PreTrainedModel,
+    *,
+    backends: tuple[str, ...] = DEFAULT_BACKENDS,
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+    seed: int = 0,
+    tolerance: float = 1e-5,
+    overrides: dict | None = None,
+) -> CheckReport:
+    """Compare a flattened batch with the same sequences run one at a time, per attention backend.
+
+    Args:
+        model: a `model_type` (`"llama"`), a folder with a `config.json`, a config (each shrunk by
+            `flatcollate.models.tiny_config`), or a model (copied, used at its size in fp32).
+        backends (`tuple[str, ...]`): `"sdpa"` and `"eager"` run transformers' own backends with `use_cache=False`
+            and no `attention_mask`; `"flatcollate"` runs `prepare_model_for_flattening`.
+        lengths (`tuple[int, ...]`): sequence lengths of the flattened row.
+        seed (`int`): seed of the weights and tokens.
+        tolerance (`float`): largest absolute difference of logits, loss and gradients that counts as exact.
+        overrides (`dict`, *optional*): config attributes for the tiny model, e.g. `{"sliding_window": 4}`.
+
+    Returns:
+        `CheckReport`, one `BackendResult` per backend.
+
+    >>> report = check_model("llama", backends=("flatcollate",), lengths=(3, 1, 4))
+    >>> report.passed, report.results[0].status
+    (True, 'exact')
+    """
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"`lengths` must be positive sequence lengths, got {list(lengths)}.")
+    base = _tiny_model(model, seed, overrides or {})
+    batch = _flattened_inputs(tuple(lengths), base.config.vocab_size, seed)
+    ref_logits, ref_loss, ref_grads = _run_alone(base, batch)
+    results = []
+    for backend in backends:
+        candidate = copy.deepcopy(base)
+        if backend == ATTN_IMPLEMENTATION:
+            reason = unsupported_reason(candidate)
+            if reason is None:
+                prepare_model_for_flattening(candidate)
+        else:
+            reason = _set_vanilla(candidate, backend)
+        if reason is not None:
+            results.append(BackendResult(backend=backend, status="unsupported", reason=reason))
+            continue
+        logits, loss, grads = _run_flat(candidate, batch)
+        diffs = {
+            "logits_diff": (logits - ref_logits).abs().max().item(),
+            "loss_diff": (loss - ref_loss).abs().item(),
+            "grad_diff": _max_grad_diff(grads, ref_grads),
+        }
+        exact = all(value <= tolerance for value in diffs.values())
+        results.append(BackendResult(backend=backend, status="exact" if exact else "contaminated", **diffs))
+    return CheckReport(model_type=base.config.model_type, lengths=tuple(lengths), tolerance=tolerance, results=results)
+
+
+def _set_vanilla(model: PreTrainedModel, backend: str) -> str | None:
+    """Select one of transformers' own backends; the reason it cannot be selected, or None."""
+    try:
+        model.set_attn_implementation(backend)
+    except ValueError as error:  # transformers refuses backends a family does not implement
+        return str(error).split(".")[0]
+    model.config.use_cache = False
+    return None
+
+
+def register_cli(subparsers) -> None:
+    parser = subparsers.add_parser("check", help="Check that a model is exact on flattened batches, per backend.")
+    parser.add_argument("model", help="model_type (e.g. llama) or a folder with a config.json")
+    parser.add_argument("--backends", nargs="+", default=list(DEFAULT_BACKENDS), help="backends to check")
+    parser.add_argument("--lengths", nargs="+", type=int, default=list(DEFAULT_LENGTHS), help="sequence lengths")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tolerance", type=float, default=1e-5)
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    report = check_model(
+        args.model, backends=tuple(args.backends), lengths=tuple(args.lengths), seed=args.seed, tolerance=args.tolerance
+    )
+    print(report.to_markdown())
+    return 0 if report.passed else 1
