@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
+from ..boundaries import position_ids_to_cu_seqlens
 
 MASK_KEYS = ("completion_mask", "assistant_masks")
 """Per-token 0/1 masks folded into `labels` (label -100 where the mask is 0)."""
@@ -30,8 +31,20 @@ def as_1d_ints(value: Any, *, index: int, field: str) -> np.ndarray:
     ...
     TypeError: example 2: field 'input_ids' must hold integers, got float64 values; convert it to int token ids.
     """
-    if isinstance(value, torch.Tensor):
-        array = value.detach().cpu().numpy()
+    kind = type(value)
+    if kind is np.ndarray:  # exact-type checks first: abstract `Sequence` checks cost more than small conversions
+        array = value
+    elif kind is list or kind is tuple:
+        try:
+            array = np.asarray(value)
+        except ValueError as err:  # ragged nested lists
+            raise ValueError(
+                f"example {index}: field '{field}' is a nested list of uneven lengths; pass one flat list of token ids "
+                "per example."
+            ) from err
+    elif isinstance(value, torch.Tensor):
+        cpu_leaf = value.device.type == "cpu" and not value.requires_grad
+        array = value.numpy() if cpu_leaf else value.detach().cpu().numpy()
     elif isinstance(value, np.ndarray):
         array = value
     elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
@@ -52,6 +65,8 @@ def as_1d_ints(value: Any, *, index: int, field: str) -> np.ndarray:
             f"example {index}: field '{field}' must be 1-D (one sequence per example), got shape {tuple(array.shape)}; "
             "pass each sequence as its own example (e.g. `list(batch_tensor)`)."
         )
+    if array.dtype == NP_IDS_DTYPE:
+        return array
     if array.dtype.kind == "b":
         array = array.astype(NP_IDS_DTYPE)
     elif array.dtype.kind not in "iu":
@@ -85,8 +100,6 @@ def segment_lengths(feature: Mapping, length: int, *, index: int) -> np.ndarray:
 
     An example may also say where its sequences start through restarting `position_ids`; both fields must agree.
     """
-    from ..boundaries import position_ids_to_cu_seqlens
-
     seq_lengths = None
     if "seq_lengths" in feature:
         seq_lengths = as_1d_ints(feature["seq_lengths"], index=index, field="seq_lengths")

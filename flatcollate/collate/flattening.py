@@ -180,15 +180,15 @@ def flatten_features(
     return {
         "input_ids": input_ids,
         "labels": labels,
-        "cu_seqlens": lengths_to_cu_seqlens(np.concatenate(length_parts)),
+        "cu_seqlens": lengths_to_cu_seqlens(np.hstack(length_parts)),
         "example_offsets": example_offsets,
     }
 
 
 def _one_example(
     feature: Mapping[str, Any], *, index: int, max_seq_len: int | None
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """`input_ids`, `labels` with masks folded in (or None) and inner sequence lengths of one example."""
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | int]:
+    """`input_ids`, `labels` with masks folded in (or None) and the example's sequence length(s)."""
     if not isinstance(feature, Mapping):
         raise TypeError(f"example {index} must be a dict of fields, got {type(feature).__name__}.")
     if "input_ids" not in feature:
@@ -201,11 +201,11 @@ def _one_example(
     if length == 0:
         raise ValueError(f"example {index}: 'input_ids' is empty; remove empty examples before collating.")
     labels = None
-    if feature.get("labels") is not None:
+    if "labels" in feature and feature["labels"] is not None:
         labels = as_1d_ints(feature["labels"], index=index, field="labels")
         check_same_length(labels, length, index=index, field="labels")
     for key in MASK_KEYS:
-        if feature.get(key) is None:
+        if key not in feature or feature[key] is None:
             continue
         mask = as_1d_ints(feature[key], index=index, field=key)
         check_same_length(mask, length, index=index, field=key)
@@ -213,16 +213,21 @@ def _one_example(
         labels = np.where(mask == 0, IGNORE_INDEX, ids if labels is None else labels)
     if "attention_mask" in feature:
         check_attention_mask(feature, length, index=index)
-    unknown = unknown_per_token_keys(feature, _KNOWN_KEYS, length)
-    if unknown:
+    if feature.keys() - _KNOWN_KEYS:
+        unknown = unknown_per_token_keys(feature, _KNOWN_KEYS, length)
+        if unknown:
+            raise ValueError(
+                f"example {index}: per-token field(s) {unknown} are not handled by this collator and would be "
+                "dropped; remove them from the dataset (e.g. `dataset.remove_columns(...)`) or fold them into 'labels'."
+            )
+    if "seq_lengths" in feature or "position_ids" in feature:
+        lengths = segment_lengths(feature, length, index=index)
+        longest = int(lengths.max())
+    else:
+        lengths, longest = length, length
+    if max_seq_len is not None and longest > max_seq_len:
         raise ValueError(
-            f"example {index}: per-token field(s) {unknown} are not handled by this collator and would be dropped; "
-            "remove them from the dataset (e.g. `dataset.remove_columns(...)`) or fold them into 'labels'."
-        )
-    lengths = segment_lengths(feature, length, index=index)
-    if max_seq_len is not None and lengths.max() > max_seq_len:
-        raise ValueError(
-            f"example {index}: a sequence of {int(lengths.max())} tokens exceeds max_seq_len={max_seq_len}; "
+            f"example {index}: a sequence of {longest} tokens exceeds max_seq_len={max_seq_len}; "
             "split or filter long examples, or raise max_seq_len."
         )
     return ids, labels, lengths
