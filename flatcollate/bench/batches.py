@@ -17,7 +17,20 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX
-from .profiles import LengthProfile
+from .profiles import LengthProfile, padded_fill
+
+__all__ = [
+    "MODES",
+    "SyntheticSequences",
+    "default_pack_len",
+    "has_packing",
+    "pad_batch",
+    "padded_fill",
+    "real_tokens",
+    "slot_tokens",
+    "step_batches",
+    "synthetic_sequences",
+]
 
 MODES = ("padded", "padded_max", "flattened", "packed")
 """Benchmark modes, in the order they are reported."""
