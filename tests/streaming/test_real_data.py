@@ -55,3 +55,27 @@ def test_real_rows_pack_intact_and_resume_exactly(gsm8k_rows, encode):
     resumed = loader()
     resumed.load_state_dict(first.state_dict())
     assert head + [b["input_ids"].tolist() for b in resumed] == full
+
+
+def test_build_encoder_streams_with_workers_and_resumes(gsm8k_rows, tokenizer_dir):
+    """The data pipeline's picklable encoder, run inside two DataLoader workers."""
+    transformers = pytest.importorskip("transformers")
+    from flatcollate.data.encode import build_encoder
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir("gpt2"))
+    encoder = build_encoder(tokenizer, format="instruction", query_field="question", resp_field="answer")
+    rows = gsm8k_rows[:60]
+
+    def loader():
+        packer = StreamingPacker(rows, pack_len=1024, encode_fn=encoder, buffer_size=8)
+        return StatefulDataLoader(packer, batch_size=2, num_workers=2, collate_fn=DataCollatorWithFlattening())
+
+    full = [b["input_ids"].tolist() for b in loader()]
+    tokens = sorted(t for b in full for t in b[0])
+    expected = sorted(t for row in rows for t in encoder(row)["input_ids"])
+    assert tokens == expected
+    first = loader()
+    head = [b["input_ids"].tolist() for b in itertools.islice(first, 3)]
+    resumed = loader()
+    resumed.load_state_dict(first.state_dict())
+    assert head + [b["input_ids"].tolist() for b in resumed] == full
