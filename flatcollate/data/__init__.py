@@ -1,14 +1,25 @@
-"""Data pipeline: bin packing of sequences into fixed-size packs, packed datasets and token-budget batches."""
+"""Data pipeline: raw examples to tokens and labels, bin packing, packed datasets and token-budget batches."""
 
+from .dart import make_supervised_dset
 from .dataset import PackedDataset, PackingStats, pack_dataset
+from .encode import Encoder, build_encoder
 from .packing import pack_lengths, split_lengths
 from .sampler import TokenBudgetBatchSampler, balanced_batches
+from .supervised import load_source, make_supervised_dataset
+from .templates import BUILTIN_TEMPLATES, load_template
 
 __all__ = [
+    "BUILTIN_TEMPLATES",
+    "Encoder",
     "PackedDataset",
     "PackingStats",
     "TokenBudgetBatchSampler",
     "balanced_batches",
+    "build_encoder",
+    "load_source",
+    "load_template",
+    "make_supervised_dataset",
+    "make_supervised_dset",
     "pack_dataset",
     "pack_lengths",
     "split_lengths",
