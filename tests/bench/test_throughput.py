@@ -180,3 +180,12 @@ def test_cuda_memory_is_measured_when_available():
     meter.reset()
     block = torch.empty(2**20, device="cuda")
     assert meter.peak() - meter.baseline >= block.numel() * 4
+
+
+def test_bench_is_a_flatcollate_subcommand():
+    from flatcollate.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--profile", "gsm8k", "--steps", "1"])
+    config = config_from_args(args, profile=args.profile)
+    assert callable(args.func) and config.steps == 1 and config.profile == "gsm8k"
+    assert config == ThroughputConfig(profile="gsm8k", steps=1)
