@@ -6,8 +6,7 @@ across; `window` keeps the last `window` keys of each query, itself included (tr
 `softcap` applies `softcap * tanh(scores / softcap)` before the softmax (Gemma 2).
 """
 
-import itertools
-
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -129,7 +128,7 @@ def _band(length: int, window: int | None, device) -> torch.Tensor | None:
 
 
 def _math_attention(q, k, v, *, scale, window, softcap, dropout):
-    """Plain softmax attention on one sequence, `(1, H, L, D)`, for what SDPA cannot do (soft-capping)."""
+    """Plain softmax attention on `(G, H, L, D)` sequences, for what SDPA cannot do (soft-capping)."""
     scores = (q @ k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
@@ -142,32 +141,72 @@ def _math_attention(q, k, v, *, scale, window, softcap, dropout):
     return F.dropout(probs, p=dropout, training=dropout > 0) @ v
 
 
+GROUP_FILL = 0.75
+"""Sequences share one batched SDPA call when the shortest is at least this fraction of the group's longest."""
+
+_PLANS: dict[str, tuple] = {}
+
+
+def _group_plan(cu_seqlens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of similar-length sequences, right-padded to the longest of each batch.
+
+    Each entry is `(gather, valid)`: `gather` `(G, P)` int64 holds, for G sequences padded to P, the flat token index
+    to read (a padding slot repeats the sequence's last token); `valid` `(G, P)` bool marks real tokens. Built on
+    the host once per boundaries tensor (cached like `host_boundaries`).
+    """
+    entry = _PLANS.get("last")
+    if entry is not None and entry[0] is cu_seqlens and entry[1] == cu_seqlens._version:
+        return entry[2]
+    bounds = np.asarray(host_boundaries(cu_seqlens), dtype=np.int64)
+    starts, lengths = bounds[:-1], np.diff(bounds)
+    order = [i for i in np.argsort(-lengths, kind="stable") if lengths[i] > 0]
+    plan, first = [], 0
+    # Greedy over sequences sorted by length: a batch closes when the next one would waste too much padding.
+    for position in range(1, len(order) + 1):
+        if position == len(order) or lengths[order[position]] < GROUP_FILL * lengths[order[first]]:
+            members = np.array(order[first:position])
+            longest = int(lengths[members[0]])
+            offsets = np.arange(longest)[None, :]
+            valid = offsets < lengths[members][:, None]
+            gather = starts[members][:, None] + np.minimum(offsets, lengths[members][:, None] - 1)
+            device = cu_seqlens.device
+            plan.append((torch.from_numpy(gather).to(device), torch.from_numpy(valid).to(device)))
+            first = position
+    _PLANS["last"] = (cu_seqlens, cu_seqlens._version, plan)
+    return plan
+
+
 def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
-    """SDPA on each sequence alone (`is_causal=True` on a slice): runs everywhere, trains, costs sum(L_i^2)."""
+    """SDPA on batches of similar-length sequences, each right-padded: runs everywhere and trains.
+
+    Right padding needs no mask under causal attention: a real query only sees keys at or before itself, all real;
+    padded rows are computed and dropped. So each batch is one `is_causal=True` call (a band mask for windows)::
+
+        sequences [a a a a | b b b | c]   ->  batch 1: a a a a      batch 2: c
+                                                      b b b .
+    """
+    total = query.shape[0]
+    bounds = host_boundaries(segments.cu_seqlens)
+    if bounds[-1] != total:
+        raise ValueError(
+            f"`cu_seq_lens` covers {bounds[-1]} tokens but the row holds {total}; boundaries must come from "
+            "the same batch (use the collator's `cu_seq_lens_q/k` unchanged)."
+        )
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and softcap is not None:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    bounds = host_boundaries(segments.cu_seqlens)
-    if bounds[-1] != query.shape[0]:
-        raise ValueError(
-            f"`cu_seq_lens` covers {bounds[-1]} tokens but the row holds {query.shape[0]}; boundaries must come from "
-            "the same batch (use the collator's `cu_seq_lens_q/k` unchanged)."
-        )
-    outputs = []
-    # One attention call per sequence: slicing is what keeps sequences apart without a T x T mask.
-    for start, end in itertools.pairwise(bounds):
-        if end == start:
-            continue
-        q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+    output = query.new_zeros(total, query.shape[1], value.shape[-1])
+    for gather, valid in _group_plan(segments.cu_seqlens):  # one batched call per group of similar lengths
+        q, k, v = (t[gather].transpose(1, 2) for t in (query, key, value))
         if softcap is not None:
             out = _math_attention(q, k, v, scale=scale, window=window, softcap=softcap, dropout=dropout)
         else:
-            band = _band(end - start, window, q.device)
+            band = _band(gather.shape[1], window, q.device)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=band, dropout_p=dropout, is_causal=band is None, scale=scale, enable_gqa=groups > 1
             )
-        outputs.append(out.squeeze(0).transpose(0, 1))
-    return torch.cat(outputs, dim=0)
+        output = output.index_put((gather[valid],), out.transpose(1, 2)[valid])
+    return output
 
 
 KERNELS = {

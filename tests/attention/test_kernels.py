@@ -138,3 +138,14 @@ def test_forward_function_layout_and_default_scale():
     assert out.shape == (1, 24, 4, 16)
     expected = reference_attention(q, k, v, lengths, scale=1 / math.sqrt(16))
     torch.testing.assert_close(out[0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_group_plan_batches_similar_lengths_and_covers_every_token_once():
+    from flatcollate.attention.kernels import _group_plan
+
+    lengths = [8, 8, 3, 7, 1, 4]
+    cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
+    plan = _group_plan(cu)
+    assert [tuple(gather.shape) for gather, _ in plan] == [(3, 8), (2, 4), (1, 1)]
+    covered = torch.cat([gather[valid] for gather, valid in plan])
+    assert sorted(covered.tolist()) == list(range(sum(lengths)))
