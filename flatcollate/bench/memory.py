@@ -2,9 +2,12 @@
 
 On Linux the RSS high-water mark (`VmHWM` in `/proc/self/status`) can be reset by writing `5` to
 `/proc/self/clear_refs`, so each phase gets its own peak; where that file cannot be written the peak is reported as
-`None` rather than a figure that mixes phases.
+`None` rather than a figure that mixes phases. Memory freed by an earlier phase but kept by the C allocator would
+hide this phase's growth, so with glibc `malloc_trim(0)` hands it back to the system before the reset.
 """
 
+import ctypes
+import ctypes.util
 from pathlib import Path
 
 import torch
@@ -25,6 +28,17 @@ def _can_reset_rss_peak() -> bool:
 
 
 CAN_RESET_RSS_PEAK: bool = _can_reset_rss_peak()
+"""Detected once at import."""
+
+
+def _malloc_trim():
+    """glibc's `malloc_trim`, or `None` on other C libraries."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)
+
+
+MALLOC_TRIM = _malloc_trim() if CAN_RESET_RSS_PEAK else None
 """Detected once at import."""
 
 
@@ -50,6 +64,8 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline = int(torch.cuda.memory_allocated(self.device))
         elif CAN_RESET_RSS_PEAK:
+            if MALLOC_TRIM is not None:
+                MALLOC_TRIM(0)
             _CLEAR_REFS.write_text("5")
             self.baseline = _status_bytes("VmRSS:")
 

@@ -68,7 +68,7 @@ class ThroughputConfig:
     profile: str = "flan"
     batch_size: int = 8
     max_length: int = 1024
-    steps: int = 2
+    steps: int = 4
     warmup_steps: int = 1
     repeats: int = 3
     modes: tuple[str, ...] = MODES
