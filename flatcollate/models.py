@@ -17,6 +17,26 @@ TINY_SIZES = {
     "max_position_embeddings": 2048,
 }
 
+# Family-specific sizes, set only where a config defines them: mixture of experts, multi-head latent attention,
+# partial rotary embeddings. They keep the tiny model small and consistent (experts per token <= experts).
+TINY_FAMILY_SIZES = {
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "rotary_dim": 8,
+}
+
 
 def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> PretrainedConfig:
     """A shrunken copy of a model's config.
@@ -38,10 +58,17 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         config = AutoConfig.from_pretrained(model)
     else:
         config = AutoConfig.for_model(str(model))
-    for name, value in {**TINY_SIZES, **overrides}.items():
+    layers = getattr(config, "num_hidden_layers", None)
+    for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
         if name in overrides or (_defines(config, name) and _settable(config, name)):
             setattr(config, name, value)
     _fit_state_space_heads(config, overrides)
+    _fit_per_layer_lists(config, layers)
+    _fit_nested(config)
+    if isinstance(getattr(config, "pad_token_id", None), int) and config.pad_token_id >= config.vocab_size:
+        config.pad_token_id = None  # an id outside the shrunk vocabulary cannot index the embedding
+    if getattr(config, "is_decoder", None) is False and "is_decoder" not in overrides:
+        config.is_decoder = True  # encoder families (bert, roberta, ...) serve as causal LMs only as decoders
     return config
 
 
@@ -89,3 +116,28 @@ def _fit_state_space_heads(config: PretrainedConfig, overrides: dict) -> None:
         config.num_heads = config.expand * config.hidden_size // config.head_dim
         if _defines(config, "n_groups"):
             config.n_groups = 1
+
+
+def _fit_per_layer_lists(config: PretrainedConfig, original_layers: int | None) -> None:
+    """Per-layer lists (`layer_types`, ...) sized for the original depth are cut to the shrunk one."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(original_layers, int) or not isinstance(layers, int) or layers >= original_layers:
+        return
+    for name, value in list(vars(config).items()):
+        if isinstance(value, list) and len(value) == original_layers:
+            setattr(config, name, value[:layers])
+
+
+def _fit_nested(config: PretrainedConfig) -> None:
+    """Sizes kept in nested configs or tied across attributes (multi-head latent attention, DBRX)."""
+    if _defines(config, "qk_rope_head_dim") and _defines(config, "head_dim") and _settable(config, "head_dim"):
+        config.head_dim = config.qk_rope_head_dim  # rotary embeddings act on the rope part of each head only
+    if _defines(config, "kv_lora_rank") and _defines(config, "num_key_value_heads"):
+        config.num_key_value_heads = config.num_attention_heads  # latent attention expands keys to every head
+    if config.model_type == "dbrx":
+        config.ffn_config.hidden_size = config.d_model
+        config.ffn_config.ffn_hidden_size = TINY_SIZES["intermediate_size"]
+        # DbrxAttention reads `attn_config.rope_theta`, which DbrxAttentionConfig does not define.
+        config.attn_config.rope_theta = config.rope_parameters["rope_theta"]
+        if config.attn_config.clip_qkv is None:
+            config.attn_config.clip_qkv = 8.0  # the DBRX checkpoints clip at 8; its forward cannot run with None

@@ -19,6 +19,7 @@ import torch
 import transformers
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from flatcollate.check import DEFAULT_BACKENDS, check_model
@@ -30,9 +31,15 @@ MAX_PARAMETERS = 20_000_000
 
 
 def architectures(only: list[str] | None = None) -> list[str]:
-    """Decoder-only `model_type`s with a causal-LM head, sorted."""
+    """Decoder-only text `model_type`s with a causal-LM head, sorted (encoder-decoders and multimodal models out)."""
     names = sorted(only or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-    return [name for name in names if not _is_encoder_decoder(name)]
+    return [name for name in names if not _is_encoder_decoder(name) and not multimodal(name)]
+
+
+def multimodal(model_type: str) -> bool:
+    """Whether the config nests a vision or audio model (the causal-LM class is then a multimodal wrapper)."""
+    sub_configs = getattr(CONFIG_MAPPING[model_type], "sub_configs", {}) or {}
+    return any(word in key for key in sub_configs for word in ("vision", "audio", "speech", "image", "vq"))
 
 
 def _is_encoder_decoder(model_type: str) -> bool:
@@ -91,6 +98,8 @@ def to_markdown(rows: list[dict]) -> str:
     for row in built:
         cells = [_cell(row["results"][b]) for b in DEFAULT_BACKENDS]
         lines.append(f"| {row['model_type']} | " + " | ".join(cells) + " |")
+    skipped = sorted(n for n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if multimodal(n))
+    lines += ["", f"Multimodal architectures left out (not text decoders): {', '.join(skipped)}."]
     failed = [r for r in rows if "error" in r]
     if failed:
         lines += ["", "## Not built", "", "| model_type | error |", "|---|---|"]

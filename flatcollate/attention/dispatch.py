@@ -7,7 +7,7 @@ It reads the boundaries a flattening collator emits (`cu_seq_lens_q/k`, `max_len
     flash_attn      flash-attn installed, CUDA, fp16/bf16, D <= 256  yes
     torch_varlen    torch varlen_attn, CUDA, fp16/bf16, no softcap   yes (no dropout)
     flex            flex_attention, CUDA, no dropout                 yes (CPU: forward only)
-    sdpa            anything                                         yes
+    sdpa            anything (the only one with attention sinks)     yes
 
 Its mask function builds no mask: boundaries travel as `cu_seq_lens`, never as a dense `T x T` tensor.
 """
@@ -26,7 +26,7 @@ ATTN_IMPLEMENTATION = "flatcollate"
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def select_kernel(query: torch.Tensor, *, softcap: float | None, dropout: float) -> str:
+def select_kernel(query: torch.Tensor, *, softcap: float | None, dropout: float, sinks: bool = False) -> str:
     """Name of the kernel `auto` runs for these inputs (see the table in this module's docstring).
 
     Args:
@@ -34,7 +34,10 @@ def select_kernel(query: torch.Tensor, *, softcap: float | None, dropout: float)
             decide.
         softcap (`float`, *optional*): attention logit soft-capping.
         dropout (`float`): attention dropout probability.
+        sinks (`bool`): the layer has attention sinks (only the `sdpa` kernel computes them).
     """
+    if sinks:
+        return "sdpa"
     on_cuda = capabilities.HAS_CUDA and capabilities.is_cuda_tensor(query)
     if on_cuda and query.dtype in _HALF:
         if capabilities.HAS_FLASH_ATTN and query.shape[-1] <= 256:
@@ -71,7 +74,7 @@ def packed_attention_forward(
         dropout (`float`): attention dropout probability.
         backend (`str`): `"auto"` or one of `flash_attn`, `torch_varlen`, `flex`, `sdpa`.
         kwargs: `cu_seq_lens_q/k` (`(N + 1,)` int32), `max_length_q/k` (`int`) or `position_ids` (`(B, T)` int64),
-            `sliding_window` (`int`), `softcap` (`float`).
+            `sliding_window` (`int`), `softcap` (`float`), `s_aux` (`(Hq,)` attention sinks).
 
     Returns:
         `(torch.Tensor of shape (B, T, Hq, D), None)`, as transformers' attention functions return.
@@ -83,8 +86,6 @@ def packed_attention_forward(
         )
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
-    if kwargs.get("s_aux") is not None:
-        raise ValueError("Attention sinks (`s_aux`) are not supported by the flatcollate attention backend.")
     batch, heads, length, head_dim = query.shape
     if key.shape[2] != length:
         raise ValueError(
@@ -92,14 +93,14 @@ def packed_attention_forward(
             "forwards without a cache. Call the model with `use_cache=False` and no `past_key_values`."
         )
     segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
-    softcap = kwargs.get("softcap")
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     window = kwargs.get("sliding_window")
     scale = head_dim**-0.5 if scaling is None else scaling
     q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value))
-    name = select_kernel(q, softcap=softcap, dropout=dropout) if backend == "auto" else backend
+    name = select_kernel(q, softcap=softcap, dropout=dropout, sinks=sinks is not None) if backend == "auto" else backend
     if name not in KERNELS:
         raise ValueError(f"Unknown packed attention backend {name!r}; choose `auto` or one of {sorted(KERNELS)}.")
-    out = KERNELS[name](q, k, v, segments, scale=scale, window=window, softcap=softcap, dropout=dropout)
+    out = KERNELS[name](q, k, v, segments, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
     return out.reshape(batch, length, heads, value.shape[-1]), None
 
 

@@ -3,7 +3,8 @@
 Every kernel takes `query` of shape `(T, Hq, D)` and `key`/`value` of shape `(T, Hkv, D)` (`Hq` a multiple of `Hkv`:
 GQA/MQA), the row's `PackedSegments`, and returns `(T, Hq, D)`. Attention is causal inside each sequence, never
 across; `window` keeps the last `window` keys of each query, itself included (transformers' `sliding_window`);
-`softcap` applies `softcap * tanh(scores / softcap)` before the softmax (Gemma 2).
+`softcap` applies `softcap * tanh(scores / softcap)` before the softmax (Gemma 2); `sinks` `(Hq,)` adds one learned
+logit per head to every softmax (gpt-oss; `sdpa` kernel only).
 """
 
 import numpy as np
@@ -14,8 +15,9 @@ from . import capabilities
 from .segments import PackedSegments, host_boundaries
 
 
-def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
+def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """flash-attn's `flash_attn_varlen_func` (CUDA, fp16/bf16), called by keyword: positional orders differ."""
+    _refuse_sinks("flash_attn", sinks)
     return capabilities.flash_attn_varlen_func(
         q=query,
         k=key,
@@ -32,8 +34,9 @@ def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, win
     )
 
 
-def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
+def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """PyTorch's `varlen_attn` (CUDA, fp16/bf16); no soft-capping and no dropout."""
+    _refuse_sinks("torch_varlen", sinks)
     if softcap is not None or dropout:
         raise ValueError("`varlen_attn` supports neither `softcap` nor dropout; use the flex or sdpa packed backend.")
     return capabilities.varlen_attn(
@@ -48,6 +51,11 @@ def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, w
         window_size=(-1, 0) if window is None else (window - 1, 0),
         enable_gqa=query.shape[1] != key.shape[1],
     )
+
+
+def _refuse_sinks(kernel: str, sinks) -> None:
+    if sinks is not None:
+        raise ValueError(f"The `{kernel}` packed kernel has no attention sinks; use the `sdpa` packed kernel.")
 
 
 def _document_ids(segments: PackedSegments, total: int) -> torch.Tensor:
@@ -95,8 +103,9 @@ def _flex_attention(device_type: str):
     return _COMPILED_FLEX["cuda"]
 
 
-def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
+def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """`flex_attention` with a document block mask (trains on CUDA; on CPU only without grad)."""
+    _refuse_sinks("flex", sinks)
     if dropout:
         raise ValueError("`flex_attention` has no dropout; set the model's attention dropout to 0 or use sdpa.")
     if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
@@ -127,8 +136,11 @@ def _band(length: int, window: int | None, device) -> torch.Tensor | None:
     return (distance >= 0) & (distance < window)
 
 
-def _math_attention(q, k, v, *, scale, window, softcap, dropout):
-    """Plain softmax attention on `(G, H, L, D)` sequences, for what SDPA cannot do (soft-capping)."""
+def _math_attention(q, k, v, *, scale, window, softcap, dropout, sinks=None):
+    """Plain softmax attention on `(G, H, L, D)` sequences, for what SDPA cannot do (soft-capping, sinks).
+
+    `sinks` (`(H,)`): a learned logit per head that joins every softmax and takes no value (gpt-oss).
+    """
     scores = (q @ k.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
@@ -137,7 +149,12 @@ def _math_attention(q, k, v, *, scale, window, softcap, dropout):
     if allowed is None:
         allowed = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        sink_column = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink_column], dim=-1)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]
     return F.dropout(probs, p=dropout, training=dropout > 0) @ v
 
 
@@ -176,7 +193,7 @@ def _group_plan(cu_seqlens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tens
     return plan
 
 
-def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout):
+def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """SDPA on batches of similar-length sequences, each right-padded: runs everywhere and trains.
 
     Right padding needs no mask under causal attention: a real query only sees keys at or before itself, all real;
@@ -193,13 +210,14 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
             "the same batch (use the collator's `cu_seq_lens_q/k` unchanged)."
         )
     groups = query.shape[1] // key.shape[1]
-    if groups > 1 and softcap is not None:
+    math_path = softcap is not None or sinks is not None
+    if groups > 1 and math_path:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     output = query.new_zeros(total, query.shape[1], value.shape[-1])
     for gather, valid in _group_plan(segments.cu_seqlens):  # one batched call per group of similar lengths
         q, k, v = (t[gather].transpose(1, 2) for t in (query, key, value))
-        if softcap is not None:
-            out = _math_attention(q, k, v, scale=scale, window=window, softcap=softcap, dropout=dropout)
+        if math_path:
+            out = _math_attention(q, k, v, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
         else:
             band = _band(gather.shape[1], window, q.device)
             out = F.scaled_dot_product_attention(

@@ -12,7 +12,7 @@ from flatcollate.attention.kernels import flex_kernel, sdpa_kernel
 from flatcollate.boundaries import lengths_to_cu_seqlens
 
 
-def reference_attention(query, key, value, lengths, *, scale, window=None, softcap=None):
+def reference_attention(query, key, value, lengths, *, scale, window=None, softcap=None, sinks=None):
     """Slow, obviously correct packed attention: a loop over sequences, each a float64 softmax with an explicit mask.
 
     query `(T, Hq, D)`, key/value `(T, Hkv, D)`; returns `(T, Hq, D)` in the query's dtype.
@@ -32,7 +32,10 @@ def reference_attention(query, key, value, lengths, *, scale, window=None, softc
         if window is not None:
             allowed &= i - j < window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        outputs.append((torch.softmax(scores, dim=-1) @ v).transpose(0, 1))
+        if sinks is not None:  # one extra logit per head that takes part in the softmax and carries no value
+            scores = torch.cat([scores, sinks.double()[:, None, None].expand(-1, length, 1)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., :length]
+        outputs.append((probs @ v).transpose(0, 1))
         start += length
     return torch.cat(outputs).to(query.dtype)
 
@@ -149,3 +152,27 @@ def test_group_plan_batches_similar_lengths_and_covers_every_token_once():
     assert [tuple(gather.shape) for gather, _ in plan] == [(3, 8), (2, 4), (1, 1)]
     covered = torch.cat([gather[valid] for gather, valid in plan])
     assert sorted(covered.tolist()) == list(range(sum(lengths)))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_sdpa_kernel_attention_sinks_match_reference_with_gradients(window):
+    lengths = [13, 1, 8]
+    (q, k, v), segments = make_inputs(lengths, heads=4, kv_heads=2, requires_grad=True)
+    sinks = torch.randn(4, requires_grad=True)
+    options = {"scale": 0.3, "window": window, "softcap": None}
+    out = sdpa_kernel(q, k, v, segments, dropout=0.0, sinks=sinks, **options)
+    expected = reference_attention(q, k, v, lengths, sinks=sinks, **options)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad_out = torch.randn_like(out)
+    for got, want in zip(
+        torch.autograd.grad(out, (q, k, v, sinks), grad_out),
+        torch.autograd.grad(expected, (q, k, v, sinks), grad_out),
+        strict=True,
+    ):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_kernels_without_sinks_refuse_them():
+    (q, k, v), segments = make_inputs([4])
+    with pytest.raises(ValueError, match="`flex` packed kernel has no attention sinks"):
+        flex_kernel(q, k, v, segments, scale=0.3, window=None, softcap=None, dropout=0.0, sinks=torch.zeros(4))
