@@ -15,18 +15,20 @@ REPORT_FILES = ("throughput.json", "throughput.md", "throughput.png", "loss_curv
 def markdown_table(result: dict) -> str:
     """One row per mode: real tokens/s (median, min-max), ratio to padded, step time, peak memory, padding, steps."""
     ratios = result["ratios_vs_padded"]
+    on_cpu = result["environment"]["device_type"] == "cpu"
+    cpu_header = " x padded, CPU time |" if on_cpu else ""
     lines = [
-        "| mode | real tokens/s (median, min-max) | x padded (min-max) | step s | peak memory MiB (added) "
-        "| padding | steps/epoch |",
-        "|---|---|---|---|---|---|---|",
+        f"| mode | real tokens/s (median, min-max) | x padded (min-max) |{cpu_header} step s "
+        "| peak memory MiB (added) | padding | steps/epoch |",
+        "|---|---|---|---|---|---|---|" + ("---|" if on_cpu else ""),
     ]
     for mode, row in result["modes"].items():
         tps = row["tokens_per_s"]
-        ratio = ratios.get(mode, {}).get("tokens_per_s")
-        ratio_text = f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})" if ratio else "-"
+        ratio_text = _ratio(ratios.get(mode, {}).get("tokens_per_s"))
+        cpu_text = f" {_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
         lines.append(
-            f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} "
-            f"| {row['step_s']['median']:.3f} | {_mib(row['peak_memory_bytes'])} "
+            f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} |{cpu_text} "
+            f"{row['step_s']['median']:.3f} | {_mib(row['peak_memory_bytes'])} "
             f"({_mib(row['peak_memory_over_baseline_bytes'])}) | {row['padding_fraction']:.1%} "
             f"| {row['steps_per_epoch']} |"
         )
@@ -51,6 +53,11 @@ def summary_text(result: dict) -> str:
             f"(they compute {1 / fill:.2f}x the tokens a flattened batch does)"
         )
     lines += ["", markdown_table(result)]
+    if env["device_type"] == "cpu":
+        lines.append(
+            "x padded, CPU time: the same ratio on this process's CPU seconds, which other processes on a shared "
+            "machine disturb far less than wall-clock time"
+        )
     steps = {mode: row["steps_per_epoch"] for mode, row in modes.items()}
     lines.append("optimizer steps per epoch: " + ", ".join(f"{m} {n}" for m, n in steps.items()))
     if result["loss_equivalence"]:
@@ -116,6 +123,10 @@ def plot_losses(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _ratio(spread: dict | None) -> str:
+    return f"{spread['median']:.2f} ({spread['min']:.2f}-{spread['max']:.2f})" if spread else "-"
 
 
 def _mib(value: int | None) -> str:

@@ -126,10 +126,10 @@ def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
             model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat_attn)
             run_pass(model, warm_batches[mode], initial, lr=config.lr, device=device, bar=bar)
             memory.reset()
-            times, losses = run_pass(model, batches[mode], initial, lr=config.lr, device=device, bar=bar)
+            record = run_pass(model, batches[mode], initial, lr=config.lr, device=device, bar=bar)
             peak = memory.peak()
-            added = None if peak is None or memory.baseline is None else peak - memory.baseline
-            record = {"step_s": times, "losses": losses, "peak_memory_bytes": peak, "added_memory_bytes": added}
+            record["peak_memory_bytes"] = peak
+            record["added_memory_bytes"] = None if peak is None or memory.baseline is None else peak - memory.baseline
             runs[mode].append(record)
     bar.close()
     return summarize(
@@ -179,23 +179,29 @@ def resolve_flattened_attn(name: str) -> str:
     return attention.register_packed_attention()
 
 
-def run_pass(model, batches, initial, *, lr: float, device: torch.device, bar) -> tuple[list[float], list[float]]:
-    """Reset weights and optimizer, then one optimizer step per batch; returns step times (s) and losses."""
+def run_pass(model, batches, initial, *, lr: float, device: torch.device, bar) -> dict[str, list[float]]:
+    """Reset weights and optimizer, then one optimizer step per batch.
+
+    Returns:
+        `step_s` (wall-clock seconds per step), `cpu_s` (this process's CPU seconds per step, all threads) and
+        `losses`.
+    """
     model.load_state_dict(initial)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    times, losses = [], []
+    record = {"step_s": [], "cpu_s": [], "losses": []}
     for batch in batches:
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         _synchronize(device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = model(**inputs, use_cache=False).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())  # `.item()` waits for the device, so the time below covers the whole step
-        times.append(time.perf_counter() - start)
+        record["losses"].append(loss.item())  # `.item()` waits for the device, so the time below covers the step
+        record["step_s"].append(time.perf_counter() - start)
+        record["cpu_s"].append(time.process_time() - cpu_start)
         bar.update(1)
-    return times, losses
+    return record
 
 
 def summarize(config, runs, batches, collate_s, *, pool, pack_len, skipped, device, attn) -> dict:
@@ -205,11 +211,13 @@ def summarize(config, runs, batches, collate_s, *, pool, pack_len, skipped, devi
         real = sum(real_tokens(b) for b in batches[mode])
         slots = sum(slot_tokens(b) for b in batches[mode])
         tps = np.array([real / sum(p["step_s"]) for p in passes])
+        cpu_tps = np.array([real / sum(p["cpu_s"]) for p in passes])
         step_s = np.concatenate([p["step_s"] for p in passes])
         peak = [p["peak_memory_bytes"] for p in passes]
         added = [p["added_memory_bytes"] for p in passes]
         modes[mode] = {
             "tokens_per_s": _spread(tps),
+            "tokens_per_cpu_s": _spread(cpu_tps) if device.type == "cpu" else None,
             "step_s": _spread(step_s),
             "peak_memory_bytes": None if None in peak else int(np.median(peak)),
             "peak_memory_over_baseline_bytes": None if None in added else int(np.median(added)),
@@ -222,15 +230,10 @@ def summarize(config, runs, batches, collate_s, *, pool, pack_len, skipped, devi
         }
     ratios = {}
     if "padded" in runs:
-        base = np.array([sum(p["step_s"]) for p in runs["padded"]])
         for mode, passes in runs.items():
-            # Equal token counts: throughput ratio is the inverse ratio of pass times within the same repeat.
-            ratio = (
-                base
-                / np.array([sum(p["step_s"]) for p in passes])
-                * (modes[mode]["real_tokens_per_epoch"] / modes["padded"]["real_tokens_per_epoch"])
-            )
-            ratios[mode] = {"tokens_per_s": _spread(ratio)}
+            ratios[mode] = {"tokens_per_s": _repeat_ratios(passes, runs["padded"], "step_s")}
+            if device.type == "cpu":
+                ratios[mode]["tokens_per_cpu_s"] = _repeat_ratios(passes, runs["padded"], "cpu_s")
             for key in ("peak_memory_bytes", "peak_memory_over_baseline_bytes"):
                 if modes[mode][key] and modes["padded"][key]:
                     ratios[mode][key.removesuffix("_bytes")] = modes[mode][key] / modes["padded"][key]
@@ -255,6 +258,13 @@ def summarize(config, runs, batches, collate_s, *, pool, pack_len, skipped, devi
         "loss_equivalence": equivalence,
         "skipped": skipped,
     }
+
+
+def _repeat_ratios(passes: list[dict], baseline: list[dict], key: str) -> dict:
+    """Throughput ratio to the baseline within each repeat: every mode trains the same tokens per pass, so it is the
+    baseline's pass time over this mode's pass time."""
+    base = np.array([sum(p[key]) for p in baseline])
+    return _spread(base / np.array([sum(p[key]) for p in passes]))
 
 
 def _spread(values) -> dict:

@@ -116,6 +116,7 @@ def test_result_keys_and_counts(result):
     for mode, row in result["modes"].items():
         assert row["real_tokens_per_epoch"] == pool["real_tokens"], mode
         assert row["tokens_per_s"]["n"] == CONFIG.repeats
+        assert row["tokens_per_cpu_s"]["n"] == CONFIG.repeats  # the tiny run is on the CPU
         assert row["step_s"]["n"] == CONFIG.repeats * row["steps_per_epoch"]
         assert row["tokens_per_s"]["min"] <= row["tokens_per_s"]["median"] <= row["tokens_per_s"]["max"]
         assert len(row["losses"]) == row["steps_per_epoch"]
@@ -124,7 +125,10 @@ def test_result_keys_and_counts(result):
     assert modes["padded"]["padding_fraction"] == pytest.approx(1 - padded_fill(seqs.lengths, batch_size=3))
     assert modes["padded_max"]["computed_tokens_per_epoch"] == CONFIG.steps * CONFIG.batch_size * 96
     assert modes["flattened"]["padding_fraction"] == 0
-    assert result["ratios_vs_padded"]["padded"]["tokens_per_s"]["median"] == pytest.approx(1.0)
+    for key in ("tokens_per_s", "tokens_per_cpu_s"):
+        assert result["ratios_vs_padded"]["padded"][key]["median"] == pytest.approx(1.0)
+    ratio = result["ratios_vs_padded"]["flattened"]["tokens_per_s"]
+    assert ratio["min"] <= ratio["median"] <= ratio["max"] and ratio["n"] == CONFIG.repeats
 
 
 def test_padded_and_flattened_losses_coincide(result):
