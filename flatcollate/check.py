@@ -177,10 +177,14 @@ def check_model(
                 prepare_model_for_flattening(candidate)
         else:
             reason = _set_vanilla(candidate, backend)
+        if reason is None:
+            try:
+                logits, loss, grads = _run_flat(candidate, batch)
+            except ValueError as error:  # a model or kernel that refuses flattened rows says so with a ValueError
+                reason = str(error).splitlines()[0]
         if reason is not None:
             results.append(BackendResult(backend=backend, status="unsupported", reason=reason))
             continue
-        logits, loss, grads = _run_flat(candidate, batch)
         diffs = {
             "logits_diff": (logits - ref_logits).abs().max().item(),
             "loss_diff": (loss - ref_loss).abs().item(),

@@ -66,7 +66,7 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
     _fit_per_layer_lists(config, layers)
     _fit_nested(config)
     if isinstance(getattr(config, "pad_token_id", None), int) and config.pad_token_id >= config.vocab_size:
-        config.pad_token_id = None  # an id outside the shrunk vocabulary cannot index the embedding
+        config.pad_token_id = config.vocab_size - 1  # an id outside the shrunk vocabulary cannot index the embedding
     if getattr(config, "is_decoder", None) is False and "is_decoder" not in overrides:
         config.is_decoder = True  # encoder families (bert, roberta, ...) serve as causal LMs only as decoders
     return config
@@ -129,7 +129,11 @@ def _fit_per_layer_lists(config: PretrainedConfig, original_layers: int | None) 
 
 
 def _fit_nested(config: PretrainedConfig) -> None:
-    """Sizes kept in nested configs or tied across attributes (multi-head latent attention, DBRX)."""
+    """Sizes kept in nested configs or tied across attributes (multi-head latent attention, DBRX), or left None."""
+    if "head_dim" in vars(config) and config.head_dim is None:
+        config.head_dim = TINY_SIZES["head_dim"]  # hidden_size / num_attention_heads of the tiny sizes
+    if _defines(config, "n_routed_experts") and getattr(config, "num_experts_per_tok", 0) is None:
+        config.num_experts_per_tok = TINY_FAMILY_SIZES["num_experts_per_tok"]
     if _defines(config, "qk_rope_head_dim") and _defines(config, "head_dim") and _settable(config, "head_dim"):
         config.head_dim = config.qk_rope_head_dim  # rotary embeddings act on the rope part of each head only
     if _defines(config, "kv_lora_rank") and _defines(config, "num_key_value_heads"):

@@ -11,6 +11,7 @@ offline and `flatcollate.check.check_model` compares a flattened row with the se
 import argparse
 import json
 import logging
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +27,7 @@ from flatcollate.check import DEFAULT_BACKENDS, check_model
 from flatcollate.models import tiny_config
 
 LENGTHS = (7, 1, 12, 4)
+SECONDS_PER_ARCHITECTURE = 90
 MAX_PARAMETERS = 20_000_000
 """Architectures whose shrunk config still holds more parameters (sizes the shrinker does not know) are not built."""
 
@@ -52,6 +54,7 @@ def _is_encoder_decoder(model_type: str) -> bool:
 def run_one(model_type: str) -> dict:
     """One architecture's row; a build or run failure is recorded with its message, never hidden."""
     started = time.perf_counter()
+    signal.alarm(SECONDS_PER_ARCHITECTURE)
     try:
         with torch.device("meta"):  # count parameters without allocating them
             size = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(model_type)).parameters())
@@ -61,10 +64,20 @@ def run_one(model_type: str) -> dict:
     except Exception as error:  # any architecture may fail to build tiny; the matrix records why
         message = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}" if str(error) else type(error).__name__
         return {"model_type": model_type, "error": message, "seconds": time.perf_counter() - started}
+    finally:
+        signal.alarm(0)
     results = {
         r.backend: {"status": r.status, "logits_diff": r.logits_diff, "reason": r.reason} for r in report.results
     }
     return {"model_type": model_type, "results": results, "seconds": time.perf_counter() - started}
+
+
+class TooSlow(Exception):
+    """An architecture ran past `SECONDS_PER_ARCHITECTURE` (e.g. a pure-PyTorch fallback of a missing kernel)."""
+
+
+def _too_slow(signum, frame):
+    raise TooSlow(f"took over {SECONDS_PER_ARCHITECTURE} s on CPU")
 
 
 def _cell(result: dict) -> str:
@@ -113,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows here")
     parser.add_argument("--only", nargs="+", default=None, help="model types to run (default: all)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGALRM, _too_slow)
     transformers.logging.set_verbosity_error()
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
