@@ -52,6 +52,12 @@ def _guard_hook(model, args: tuple, kwargs: dict):
     arguments = kwargs
     if len(args) > 1:
         arguments = {**model._flatcollate_signature.bind_partial(*args, **kwargs).arguments, **kwargs}
+    unsupported = model._flatcollate_unsupported
+    if unsupported is not None and is_flattened(arguments):
+        raise ValueError(
+            f"{type(model).__name__} got a flattened batch, but family {model.config.model_type!r} cannot keep "
+            f"sequences apart: {unsupported}. Use padded batches for this model."
+        )
     found = _offending(arguments, model.config)
     if found and is_flattened(arguments):
         raise ValueError(
@@ -63,12 +69,18 @@ def _guard_hook(model, args: tuple, kwargs: dict):
     return None
 
 
-def install_guard(model: torch.nn.Module) -> torch.utils.hooks.RemovableHandle:
+def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> torch.utils.hooks.RemovableHandle:
     """Install the flattened-batch guard on `model` (once; a second call returns the first handle).
+
+    Args:
+        model (`torch.nn.Module`): the top-level model.
+        unsupported (`str`, *optional*): why the family cannot be exact; then every flattened batch is refused
+            (one check of `position_ids` per forward).
 
     Returns:
         The hook's `RemovableHandle` (`handle.remove()` uninstalls it).
     """
+    model._flatcollate_unsupported = unsupported
     existing = getattr(model, GUARD_ATTRIBUTE, None)
     if existing is not None:
         return existing

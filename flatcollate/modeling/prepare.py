@@ -30,7 +30,8 @@ def prepare_model_for_flattening(
             A family whose layers do not dispatch through transformers' attention interface (falcon, bloom, mpt)
             keeps its own backend; on any backend other than `flatcollate`, mask builders that drop `position_ids`
             are patched to receive them, so transformers builds the block-diagonal mask.
-        strict (`bool`): raise `ValueError` for a family that cannot be exact; with `False`, warn instead.
+        strict (`bool`): raise `ValueError` for a family that cannot be exact; with `False`, warn instead (the model
+            then takes padded batches, and the guard refuses every flattened one).
 
     Returns:
         The same model, prepared.
@@ -62,5 +63,5 @@ def prepare_model_for_flattening(
         model.set_attn_implementation(attn_implementation)
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
-    install_guard(model)
+    install_guard(model, unsupported=reason)
     return model

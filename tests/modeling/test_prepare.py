@@ -135,6 +135,10 @@ def test_unsupported_family_raises_naming_family_and_reason():
     with pytest.warns(UserWarning, match="mamba2"):
         prepare_model_for_flattening(model, strict=False)
     assert model.config.use_cache is False
+    batch = flattened_batch(LENGTHS)
+    with pytest.raises(ValueError, match=r"family 'mamba2' cannot keep sequences apart.*seq_idx"):
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    assert model(input_ids=batch["input_ids"][:, :5]).logits.shape == (1, 5, 256)  # unflattened rows still run
 
 
 def test_rejects_non_transformers_model():
