@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=default.seed)
     parser.add_argument("--device", default=default.device, help="auto, cpu or cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=default.dtype)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (1 on a shared machine)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -75,6 +76,7 @@ def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputCon
         "seed": args.seed,
         "device": args.device,
         "dtype": args.dtype,
+        "threads": args.threads,
     }
     assert set(values) == {f.name for f in fields(ThroughputConfig)}
     return ThroughputConfig(**values)

@@ -60,6 +60,8 @@ class ThroughputConfig:
         seed (`int`): seeds the lengths, the token ids and the initial weights.
         device (`str`): `"auto"` (CUDA when available), `"cpu"` or `"cuda"`.
         dtype (`str`): `"float32"` or `"bfloat16"`.
+        threads (`int`, *optional*): CPU threads for torch (`torch.set_num_threads`); on a CPU shared with other
+            work, 1 avoids threads spinning while waiting for a descheduled sibling, which distorts timings.
     """
 
     model: str = "llama"
@@ -78,6 +80,7 @@ class ThroughputConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    threads: int | None = None
 
 
 def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
@@ -92,6 +95,8 @@ def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
     if unknown:
         raise ValueError(f"Unknown mode(s) {unknown} in `modes`; choose from {MODES}.")
     device = resolve_device(config.device)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     model = build_model(config, device=device, dtype=dtype)
     vocab = model.config.vocab_size
