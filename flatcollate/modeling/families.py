@@ -22,7 +22,6 @@ UNSUPPORTED_FAMILIES: dict[str, str] = {
     "qwen3_next": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
     "qwen3_5": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
     "qwen3_5_moe": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
-    "lfm2": "its short-convolution layers mix neighbouring tokens across sequence boundaries",
     "lfm2_moe": "its short-convolution layers mix neighbouring tokens across sequence boundaries",
     "recurrent_gemma": "its recurrent layers carry state across sequence boundaries",
     "rwkv": "its recurrent layers carry state across sequence boundaries",
@@ -37,7 +36,7 @@ UNSUPPORTED_FAMILIES: dict[str, str] = {
     "lfm3": "its recurrent layers carry state across sequence boundaries",
     "inkling_text": "its recurrent layers carry state across sequence boundaries",
     "inkling2_text": "its recurrent layers carry state across sequence boundaries",
-    "doge": "its attention adds a learned dynamic mask over the whole row",
+    "bailing_hybrid": "its linear-attention layers carry state across sequence boundaries (measured)",
     "openai-gpt": "its attention applies a fixed causal bias over the whole row, outside the attention interface",
     "xlm": "it builds its own masks from lengths over the whole row, outside the attention interface",
     "trocr": "it derives positions from `input_ids` (ignoring `position_ids`) and masks the whole row",
@@ -65,7 +64,13 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
+KEEP_OWN_BACKEND: dict[str, str] = {
+    "doge": "its attention adds a learned dynamic mask, which the packed kernels cannot apply",
+}
+"""`model_type` -> why it keeps transformers' backend (exact there with restarting `position_ids`)."""
+
+
 def takes_packed_backend(model: PreTrainedModel) -> bool:
     """Whether `model`'s attention layers dispatch through transformers' attention interface (so `flatcollate` can
     be selected); the others stay on their own backend with `patch_mask_builders`."""
-    return model._can_set_attn_implementation()
+    return model.config.model_type not in KEEP_OWN_BACKEND and model._can_set_attn_implementation()
