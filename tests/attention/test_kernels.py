@@ -149,9 +149,10 @@ def test_group_plan_batches_similar_lengths_and_covers_every_token_once():
     lengths = [8, 8, 3, 7, 1, 4]
     cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
     plan = _group_plan(cu)
-    assert [tuple(gather.shape) for gather, _ in plan] == [(3, 8), (2, 4), (1, 1)]
-    covered = torch.cat([gather[valid] for gather, valid in plan])
-    assert sorted(covered.tolist()) == list(range(sum(lengths)))
+    assert plan.batches == [(0, 3, 8), (24, 2, 4), (32, 1, 1)]
+    real = plan.real.reshape(-1).bool()
+    assert sorted(plan.slot_token[real].tolist()) == list(range(sum(lengths)))  # every token in exactly one slot
+    assert torch.equal(plan.slot_token[plan.token_slot], torch.arange(sum(lengths)))
 
 
 @pytest.mark.parametrize("window", [None, 5])
