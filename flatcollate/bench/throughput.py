@@ -70,7 +70,7 @@ class ThroughputConfig:
     profile: str = "flan"
     batch_size: int = 8
     max_length: int = 1024
-    steps: int = 4
+    steps: int = 8
     warmup_steps: int = 1
     repeats: int = 3
     modes: tuple[str, ...] = MODES
