@@ -1,13 +1,17 @@
-"""Making models safe for flattened batches: backend selection, family support, and the argument guard."""
+"""Making models safe for flattened batches: backend selection, family support, mask patches and the argument guard."""
 
-from .families import UNSUPPORTED_FAMILIES, unsupported_reason
+from .families import KEEP_OWN_BACKEND, UNSUPPORTED_FAMILIES, takes_packed_backend, unsupported_reason
 from .guard import install_guard, is_flattened
+from .mask_patch import patch_mask_builders
 from .prepare import prepare_model_for_flattening
 
 __all__ = [
+    "KEEP_OWN_BACKEND",
     "UNSUPPORTED_FAMILIES",
     "install_guard",
     "is_flattened",
+    "patch_mask_builders",
     "prepare_model_for_flattening",
+    "takes_packed_backend",
     "unsupported_reason",
 ]
