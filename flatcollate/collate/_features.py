@@ -32,22 +32,14 @@ def as_1d_ints(value: Any, *, index: int, field: str) -> np.ndarray:
     TypeError: example 2: field 'input_ids' must hold integers, got float64 values; convert it to int token ids.
     """
     kind = type(value)
-    if kind is np.ndarray:  # exact-type checks first: abstract `Sequence` checks cost more than small conversions
+    # Exact-type checks first: abstract `Sequence` checks cost more than small conversions.
+    is_sequence = kind is list or kind is tuple
+    if kind is np.ndarray or (not is_sequence and isinstance(value, np.ndarray)):
         array = value
-    elif kind is list or kind is tuple:
-        try:
-            array = np.asarray(value)
-        except ValueError as err:  # ragged nested lists
-            raise ValueError(
-                f"example {index}: field '{field}' is a nested list of uneven lengths; pass one flat list of token ids "
-                "per example."
-            ) from err
-    elif isinstance(value, torch.Tensor):
+    elif not is_sequence and isinstance(value, torch.Tensor):
         cpu_leaf = value.device.type == "cpu" and not value.requires_grad
         array = value.numpy() if cpu_leaf else value.detach().cpu().numpy()
-    elif isinstance(value, np.ndarray):
-        array = value
-    elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+    elif is_sequence or (isinstance(value, Sequence) and not isinstance(value, str | bytes)):
         try:
             array = np.asarray(value)
         except ValueError as err:  # ragged nested lists
