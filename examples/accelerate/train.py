@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         args.output.mkdir(parents=True, exist_ok=True)
         torch.save({"world_size": world_size, "steps": steps}, args.output / "result.pt")
+    # Let gloo's worker threads release the last collectives' tensors while this thread waits without the GIL; the
+    # DDP wrapper freed at return would otherwise join those threads holding the GIL and can deadlock at exit.
+    accelerator.wait_for_everyone()
+    del model, optimizer
     accelerator.end_training()
 
 
