@@ -12,9 +12,9 @@ from flatcollate import DataCollatorWithFlattening
 from .reference import reference_flatten
 
 KEYS = {"input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-        "max_length_k"}
+        "max_length_k"}  # fmt: skip
 DTYPES = {"input_ids": torch.int64, "labels": torch.int64, "position_ids": torch.int64, "seq_idx": torch.int32,
-          "cu_seq_lens_q": torch.int32, "cu_seq_lens_k": torch.int32}
+          "cu_seq_lens_q": torch.int32, "cu_seq_lens_k": torch.int32}  # fmt: skip
 
 
 def assert_matches_reference(batch, expected):
@@ -78,6 +78,59 @@ def test_same_output_as_transformers(kind, labels, return_tensors):
                 assert type(got[key]) is type(expected[key]), key
                 assert got[key].dtype == expected[key].dtype and got[key].shape == expected[key].shape, key
                 np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(expected[key]), err_msg=key)
+
+
+@pytest.mark.parametrize("kind", ["list", "np", "pt"])
+def test_plain_batches_match_general_path_and_reference(kind):
+    """Batches of only `input_ids`/`labels` take a one-call concatenation; it must equal the per-example path."""
+    rng = np.random.default_rng(7)
+    collator = DataCollatorWithFlattening(return_tensors="np")
+    for labels in (False, True):
+        for _ in range(10):
+            plain = random_batch(rng, int(rng.integers(1, 20)), labels=labels, kind=kind)
+            general = [{**feature, "id": i} for i, feature in enumerate(plain)]  # a metadata key: per-example path
+            got, expected = collator(plain), collator(general)
+            assert set(got) == set(expected)
+            for key in expected:
+                np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+            as_lists = [{k: np.asarray(v).tolist() for k, v in feature.items()} for feature in plain]
+            assert_matches_reference(DataCollatorWithFlattening()(plain), reference_flatten(as_lists))
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        [{"input_ids": [True, np.int64(7), 3], "labels": [np.int32(-100), 2, False]}],
+        [{"input_ids": np.array([1, 2], dtype=np.int32)}, {"input_ids": np.array([3], dtype=np.uint8)}],
+        [{"input_ids": torch.tensor([1, 0], dtype=torch.bool)}, {"input_ids": torch.tensor([5], dtype=torch.int32)}],
+    ],
+    ids=["int-guises-in-lists", "mixed-numpy-int-dtypes", "mixed-torch-int-dtypes"],
+)
+def test_plain_batches_take_integers_of_any_dtype(features):
+    as_lists = [{k: [int(x) for x in v] for k, v in feature.items()} for feature in features]
+    assert_matches_reference(DataCollatorWithFlattening()(features), reference_flatten(as_lists))
+
+
+@pytest.mark.parametrize(
+    "bad, pattern",
+    [
+        ([1, 2.5], r"example 1: field 'input_ids' must hold integers"),
+        ([1, "2"], r"example 1: field 'input_ids' must hold integers"),
+        ([[1, 2], [3, 4]], r"example 1: field 'input_ids' must be 1-D"),
+        ([], r"example 1: 'input_ids' is empty"),
+        (np.array([1.0, 2.0]), r"example 1: field 'input_ids' must hold integers"),
+        (np.array([[1, 2]]), r"example 1: field 'input_ids' must be 1-D"),
+        (np.array([], dtype=np.int64), r"example 1: 'input_ids' is empty"),
+        (torch.tensor([0.5]), r"example 1: field 'input_ids' must hold integers"),
+        (torch.zeros(1, 2, dtype=torch.long), r"example 1: field 'input_ids' must be 1-D"),
+    ],
+)
+def test_plain_batches_with_bad_values_still_name_the_example(bad, pattern):
+    good = {list: [1, 2], np.ndarray: np.array([1, 2]), torch.Tensor: torch.tensor([1, 2])}[type(bad)]
+    with pytest.raises((TypeError, ValueError), match=pattern):
+        DataCollatorWithFlattening()([{"input_ids": good}, {"input_ids": bad}])
+    with pytest.raises(ValueError, match=r"example 1: field 'labels' has 1 entries but 'input_ids' has 2"):
+        DataCollatorWithFlattening()([{"input_ids": good, "labels": good}, {"input_ids": good, "labels": good[:1]}])
 
 
 @pytest.mark.parametrize(
@@ -148,20 +201,21 @@ def test_position_ids_start_and_separator():
     assert batch["cu_seq_lens_q"].tolist() == [0, 2, 3]
 
 
-def test_inputs_are_not_modified():
-    ids = np.arange(5)
-    labels = np.arange(5)
-    DataCollatorWithFlattening()([{"input_ids": ids, "labels": labels}])
+@pytest.mark.parametrize("convert", [list, np.asarray, torch.from_numpy], ids=["list", "np", "pt"])
+@pytest.mark.parametrize("extra", [{}, {"id": 0}], ids=["plain", "with-metadata"])
+def test_inputs_are_not_modified(convert, extra):
+    ids, labels = np.arange(5), np.arange(5)
+    batch = DataCollatorWithFlattening()([{"input_ids": convert(ids), "labels": convert(labels), **extra}])
+    batch["input_ids"] += 1
     np.testing.assert_array_equal(labels, np.arange(5))
+    np.testing.assert_array_equal(ids, np.arange(5))
 
 
 def test_metadata_keys_are_left_out_but_per_token_keys_refused():
     batch = DataCollatorWithFlattening()([{"input_ids": [1, 2, 3], "id": "a", "text": "xyz", "n": [1]}])
     assert "text" not in batch
     with pytest.raises(ValueError, match=r"example 1: per-token field\(s\) \['token_type_ids'\]"):
-        DataCollatorWithFlattening()(
-            [{"input_ids": [1, 2]}, {"input_ids": [1, 2, 3], "token_type_ids": [0, 0, 1]}]
-        )
+        DataCollatorWithFlattening()([{"input_ids": [1, 2]}, {"input_ids": [1, 2, 3], "token_type_ids": [0, 0, 1]}])
 
 
 @st.composite
