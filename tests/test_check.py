@@ -39,8 +39,8 @@ def test_check_detects_contamination_of_vanilla_backends():
 def test_unsupported_backend_and_family_are_reported_with_reasons():
     report = check_model("gemma2", backends=("sdpa",), lengths=(4, 2))
     assert report.results[0].status == "unsupported" and "does not support" in report.results[0].reason
-    mamba = check_model("mamba2", backends=("flatcollate",), lengths=(4, 2))
-    assert mamba.results[0].status == "unsupported" and "seq_idx" in mamba.results[0].reason
+    rwkv = check_model("rwkv", backends=("flatcollate",), lengths=(4, 2))
+    assert rwkv.results[0].status == "unsupported" and "carry state" in rwkv.results[0].reason
 
 
 def test_bad_lengths_raise():

@@ -3,40 +3,31 @@
 A family is exact when its attention layers dispatch through transformers' attention interface and hand the forward's
 keyword arguments (`cu_seq_lens_*`, `position_ids`) down to it: the backend then keeps sequences apart itself, whatever
 the family's mask builder does. A family whose layers do not dispatch (falcon, bloom, mpt) keeps its own backend and
-gets its mask builders patched (`mask_patch`). The families below break exactness for a reason neither can fix.
+gets its mask builders patched (`mask_patch`). A family whose state-space, linear-attention or short-convolution
+layers carry state along the row gets those layers run once per sequence (`segments.SEGMENTED_MIXERS`). The families
+below break exactness for a reason none of these can fix.
 """
 
 from transformers import PreTrainedModel
 
+_ROW_WIDE_CONV_MASK = (
+    "its short-convolution and attention layers share a `conv_mask` over the whole row; running the convolutions "
+    "once per sequence is not enough (measured)"
+)
+
 UNSUPPORTED_FAMILIES: dict[str, str] = {
-    "mamba": "its state-space layers carry state from one token to the next and take no sequence boundaries",
-    "mamba2": "its state-space layers ignore `seq_idx`, so state flows from one sequence into the next",
-    "falcon_mamba": "its state-space layers carry state across sequence boundaries",
     "bamba": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
-    "falcon_h1": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
     "granitemoehybrid": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
-    "nemotron_h": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
-    "zamba": "its Mamba layers carry state across sequence boundaries",
     "zamba2": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
-    "jamba": "its Mamba layers carry state across sequence boundaries",
-    "qwen3_next": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
     "qwen3_5": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
     "qwen3_5_moe": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
     "lfm2_moe": "its short-convolution layers mix neighbouring tokens across sequence boundaries",
     "recurrent_gemma": "its recurrent layers carry state across sequence boundaries",
     "rwkv": "its recurrent layers carry state across sequence boundaries",
     "xlstm": "its recurrent layers carry state across sequence boundaries",
-    "qwen3_5_text": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
-    "qwen3_5_moe_text": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
-    "qwen4_exp_text": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
-    "olmo_hybrid": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
-    "kimi_linear": "its linear-attention layers carry state across sequence boundaries",
-    "minimax": "its lightning (linear) attention layers carry state across sequence boundaries",
+    "inkling_text": _ROW_WIDE_CONV_MASK,
+    "inkling2_text": _ROW_WIDE_CONV_MASK,
     "zaya": "its recurrent layers carry state across sequence boundaries",
-    "lfm3": "its recurrent layers carry state across sequence boundaries",
-    "inkling_text": "its recurrent layers carry state across sequence boundaries",
-    "inkling2_text": "its recurrent layers carry state across sequence boundaries",
-    "bailing_hybrid": "its linear-attention layers carry state across sequence boundaries (measured)",
     "openai-gpt": "its attention applies a fixed causal bias over the whole row, outside the attention interface",
     "xlm": "it builds its own masks from lengths over the whole row, outside the attention interface",
     "trocr": "it derives positions from `input_ids` (ignoring `position_ids`) and masks the whole row",

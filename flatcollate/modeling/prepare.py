@@ -8,6 +8,7 @@ from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
 from .mask_patch import patch_mask_builders
+from .segments import segment_mixers
 
 
 def prepare_model_for_flattening(
@@ -19,9 +20,10 @@ def prepare_model_for_flattening(
     """Make `model` exact on flattened batches: no token attends across a sequence boundary.
 
     It turns the cache off (`config.use_cache=False`, and the generation config's), selects the packed attention
-    backend, refuses families that cannot be exact, and installs a guard that raises when a flattened batch arrives
-    with an `attention_mask`, `use_cache=True` or `past_key_values` (each silently makes sequences attend to each
-    other in transformers' own backends).
+    backend, runs layers that carry state along the row (Mamba, gated delta rule, short convolutions) once per
+    sequence (`flatcollate.modeling.segment_mixers`), refuses families that cannot be exact, and installs a guard
+    that raises when a flattened batch arrives with an `attention_mask`, `use_cache=True` or `past_key_values` (each
+    silently makes sequences attend to each other in transformers' own backends).
 
     Args:
         model (`PreTrainedModel`): a decoder-only causal LM; modified in place.
@@ -63,5 +65,7 @@ def prepare_model_for_flattening(
         model.set_attn_implementation(attn_implementation)
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
+    if reason is None:
+        segment_mixers(model)
     install_guard(model, unsupported=reason)
     return model

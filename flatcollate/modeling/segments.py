@@ -1,0 +1,163 @@
+"""Run token-mixing layers that carry state from one token to the next once per sequence of a flattened row.
+
+State-space layers (Mamba), linear attention (gated delta rule, lightning attention), RWKV and short convolutions
+pass a state or a window along the row. On CPU and without their optional CUDA kernels (mamba-ssm, fla) they take no
+sequence boundaries, so in a flattened row the state of one sequence flows into the next. `segment_mixers` wraps
+those layers so that, for a flattened batch, each one runs on every sequence of the row on its own (fresh state,
+as if the sequence were alone) and the outputs are concatenated back. Everything else in the model (attention
+through the packed backend, MLPs, norms) still runs once over the whole row.
+
+The cost is one call of the layer per sequence per layer: exact, and the way to train these families on CPU or
+without their kernels; the attention layers of hybrid models keep the packed kernels.
+"""
+
+import functools
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from .._conventions import FLASH_KWARG_KEYS
+from ..boundaries import position_ids_to_cu_seqlens
+
+SEGMENTED_MIXERS: dict[str, tuple[str, ...]] = {
+    "mamba": ("MambaMixer",),
+    "mamba2": ("Mamba2Mixer",),
+    "falcon_mamba": ("FalconMambaMixer",),
+    "jamba": ("JambaMambaMixer",),
+    "zamba": ("ZambaMambaMixer",),
+    "nemotron_h": ("NemotronHMamba2Mixer",),
+    "falcon_h1": ("FalconH1Mixer",),
+    "kimi_linear": ("KimiLinearDeltaAttention",),
+    "minimax": ("MiniMaxLightningAttention",),
+    "lfm3": ("Lfm3ShortConv",),
+    "qwen3_next": ("Qwen3NextGatedDeltaNet",),
+    "qwen3_5_text": ("Qwen3_5GatedDeltaNet",),
+    "qwen3_5_moe_text": ("Qwen3_5MoeGatedDeltaNet",),
+    "qwen4_exp_text": ("Qwen4ExpTextGatedDeltaNet",),
+    "olmo_hybrid": ("OlmoHybridGatedDeltaNet",),
+    "bailing_hybrid": ("BailingHybridDeltaAttention",),
+}
+"""`model_type` -> class names of its layers that carry state along the row (run once per sequence)."""
+
+_ROW_ONLY_KEYS = frozenset({*FLASH_KWARG_KEYS, "seq_idx"})
+"""Keyword arguments that describe the whole row; a layer running on one sequence gets none of them."""
+
+_BOUNDS_ATTRIBUTE = "_flatcollate_row_bounds"
+
+
+def row_bounds(arguments: dict) -> list[int] | None:
+    """Sequence boundaries of a flattened single-row batch (`[0, ..., T]`), or None when it is not one.
+
+    Read from `cu_seq_lens_q` when the collator supplied it, else from restarting `position_ids` (one host sync).
+
+    >>> row_bounds({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
+    [0, 3, 5]
+    >>> row_bounds({"position_ids": torch.tensor([[0, 1, 2]])}) is None
+    True
+    """
+    cu_seqlens = arguments.get("cu_seq_lens_q")
+    if cu_seqlens is not None:
+        bounds = cu_seqlens.tolist()
+    else:
+        position_ids = arguments.get("position_ids")
+        if position_ids is None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
+            return None
+        bounds = position_ids_to_cu_seqlens(np.asarray(position_ids[0].tolist())).tolist()
+    return bounds if len(bounds) > 2 else None
+
+
+def _slice(value: Any, start: int, end: int, length: int) -> Any:
+    """The part of a per-token argument (`(1, T, ...)` tensors, tuples of them) that belongs to tokens start..end."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] == length:
+        return value[:, start:end]
+    if isinstance(value, tuple) and value and all(isinstance(part, torch.Tensor) for part in value):
+        return tuple(_slice(part, start, end, length) for part in value)
+    return value
+
+
+def _concat(outputs: list[Any], lengths: list[int], name: str, *, extra: bool = False) -> Any:
+    """Concatenate per-sequence outputs along the token axis (tuples element-wise; `None` stays `None`).
+
+    A tensor that is not per token (attention weights, a final state) cannot be joined: as the main output that is an
+    error, as an extra element of a tuple it becomes `None` (layers discard those when the cache is off).
+    """
+    first = outputs[0]
+    if first is None:
+        return None
+    if isinstance(first, torch.Tensor):
+        if any(out.dim() < 2 or out.shape[1] != n for out, n in zip(outputs, lengths, strict=True)):
+            if extra:
+                return None
+            raise ValueError(
+                f"{name} returned a tensor that is not per token (shape {tuple(first.shape)}); it cannot be run once "
+                "per sequence. Train this model on padded batches."
+            )
+        return torch.cat(outputs, dim=1)
+    if isinstance(first, tuple):
+        return tuple(
+            _concat(list(parts), lengths, name, extra=extra or position > 0)
+            for position, parts in enumerate(zip(*outputs, strict=True))
+        )
+    raise ValueError(f"{name} returned a {type(first).__name__}; it cannot be run once per sequence.")
+
+
+def _segmented(forward: Callable, bounds_of: Callable[[], list[int] | None], name: str) -> Callable:
+    @functools.wraps(forward)
+    def run(hidden_states: torch.Tensor, *args, **kwargs):
+        bounds = bounds_of()
+        if bounds is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, bounds[-1]):
+            return forward(hidden_states, *args, **kwargs)
+        length = bounds[-1]
+        kwargs = {key: value for key, value in kwargs.items() if key not in _ROW_ONLY_KEYS}
+        outputs, lengths = [], []
+        for start, end in itertools.pairwise(bounds):  # one call per sequence: fresh state each
+            part_args = [_slice(value, start, end, length) for value in args]
+            part_kwargs = {key: _slice(value, start, end, length) for key, value in kwargs.items()}
+            outputs.append(forward(hidden_states[:, start:end], *part_args, **part_kwargs))
+            lengths.append(end - start)
+        return _concat(outputs, lengths, name)
+
+    return run
+
+
+def _record_bounds(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    # Kept until the next forward, so that recomputation under gradient checkpointing sees the same boundaries.
+    setattr(model, _BOUNDS_ATTRIBUTE, row_bounds(kwargs))
+
+
+def segment_mixers(model: PreTrainedModel) -> int:
+    """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
+
+    Args:
+        model (`PreTrainedModel`): a model whose `model_type` is in `SEGMENTED_MIXERS`.
+
+    Returns:
+        `int`: how many layers were wrapped (0 for other families, or when already done).
+
+    >>> from flatcollate.models import tiny_causal_lm
+    >>> segment_mixers(tiny_causal_lm("mamba"))
+    2
+    """
+    names = SEGMENTED_MIXERS.get(getattr(model.config, "model_type", ""), ())
+    if not names or hasattr(model, _BOUNDS_ATTRIBUTE):
+        return 0
+    setattr(model, _BOUNDS_ATTRIBUTE, None)
+    model.register_forward_pre_hook(_record_bounds, with_kwargs=True)
+    owner = weakref.ref(model)
+
+    def bounds_of() -> list[int] | None:
+        parent = owner()
+        return None if parent is None else getattr(parent, _BOUNDS_ATTRIBUTE)
+
+    wrapped = 0
+    for module in model.modules():
+        name = type(module).__name__
+        if name in names:
+            module.forward = _segmented(module.forward, bounds_of, name)
+            wrapped += 1
+    return wrapped
