@@ -3,10 +3,7 @@
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: benchmarks run on headless machines
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure  # no pyplot: the user's backend and global figure state stay untouched
 
 REPORT_FILES = ("throughput.json", "throughput.md", "throughput.png", "loss_curves.png")
 """What `write_report` puts in its output folder."""
@@ -84,7 +81,8 @@ def plot_throughput(result: dict, path: Path) -> None:
     """Bars of real tokens/s (min-max whiskers) and peak memory per mode."""
     modes = list(result["modes"])
     rows = [result["modes"][m] for m in modes]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
     medians = [r["tokens_per_s"]["median"] for r in rows]
     errors = [
         [r["tokens_per_s"]["median"] - r["tokens_per_s"]["min"] for r in rows],
@@ -102,12 +100,12 @@ def plot_throughput(result: dict, path: Path) -> None:
     fig.suptitle(f"{config['model']} · profile {config['profile']} · batch {config['batch_size']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_losses(result: dict, path: Path) -> None:
     """Loss per optimizer step of every mode; padded and flattened must lie on top of each other."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     styles = {"padded": ("-", 4), "flattened": ("--", 2)}
     for mode, row in result["modes"].items():
         style, width = styles.get(mode, (":", 1.5))
@@ -122,7 +120,6 @@ def plot_losses(result: dict, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _ratio(spread: dict | None) -> str:
