@@ -100,6 +100,16 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_len: int) -> np.ndarray:
             insort(capacities, capacity)
         buckets[capacity].extend(ids)
 
+    def fill(ids: list[int], room: int, size: int, pos: int, count: int) -> None:
+        """Sorted sequences pos..pos+count, all `size` long, into packs `ids` with `room` left, as many as fit each."""
+        per_pack = room // size
+        pack_of_sorted[pos : pos + count] = np.repeat(np.asarray(ids, dtype=np.int64), per_pack)[:count]
+        full, rest = divmod(count, per_pack)
+        if full:
+            add(room - per_pack * size, ids[:full])
+        if rest:
+            add(room - rest * size, ids[full:])
+
     # Loop over distinct lengths, then over the buckets that fit them: equal sequences are placed in bulk.
     for start, end in zip(group_starts.tolist(), group_ends.tolist(), strict=True):
         size = int(sorted_len[start])
@@ -119,24 +129,11 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_len: int) -> np.ndarray:
                 del buckets[capacity]
                 capacities.pop(k)
             placed = min(n_used * per_pack, end - pos)
-            pack_of_sorted[pos : pos + placed] = np.repeat(np.asarray(used, dtype=np.int64), per_pack)[:placed]
-            full, rest = divmod(placed, per_pack)
-            if full:
-                add(capacity - per_pack * size, used[:full])
-            if rest:
-                add(capacity - rest * size, used[full:])
+            fill(used, capacity, size, pos, placed)
             pos += placed
         if pos < end:
-            per_pack = pack_len // size
-            remaining = end - pos
-            n_new = -(-remaining // per_pack)
-            ids = list(range(n_packs, n_packs + n_new))
-            pack_of_sorted[pos:end] = np.repeat(np.asarray(ids, dtype=np.int64), per_pack)[:remaining]
-            full, rest = divmod(remaining, per_pack)
-            if full:
-                add(pack_len - per_pack * size, ids[:full])
-            if rest:
-                add(pack_len - rest * size, ids[full:])
+            n_new = -(-(end - pos) // (pack_len // size))
+            fill(list(range(n_packs, n_packs + n_new)), pack_len, size, pos, end - pos)
             n_packs += n_new
     pack_of = np.empty_like(pack_of_sorted)
     pack_of[order] = pack_of_sorted
@@ -191,12 +188,13 @@ def _repack_least_full(lengths: np.ndarray, pack_of: np.ndarray, pack_len: int, 
                 break
             if int(load[chosen].sum()) <= (t - 1) * pack_len:
                 pool = members[np.argsort(-lengths[members], kind="stable")].tolist()
+                sizes = lengths[pool].tolist()
                 new_ids = pack_of.copy()
                 for pack in chosen[:-1].tolist():  # the highest id of the round is the one given up
-                    sizes = [int(lengths[i]) for i in pool]
                     taken = set(_largest_subset_sum(sizes, pack_len))
                     new_ids[[pool[k] for k in taken]] = pack
                     pool = [i for k, i in enumerate(pool) if k not in taken]
+                    sizes = [n for k, n in enumerate(sizes) if k not in taken]
                 if not pool:
                     freed = int(chosen[-1])
                     pack_of = np.where(new_ids > freed, new_ids - 1, new_ids)
