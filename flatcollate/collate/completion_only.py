@@ -10,7 +10,7 @@ import torch
 from .._conventions import IGNORE_INDEX
 from ._features import as_1d_ints
 from .flattening import DataCollatorWithFlattening
-from .templates import completion_mask_after_last, completion_mask_turns, find_any, template_variants
+from .response_templates import completion_mask_after_last, completion_mask_turns, find_any, template_variants
 
 
 class DataCollatorForCompletionOnlyLM:

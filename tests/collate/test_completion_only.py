@@ -4,7 +4,7 @@ import torch
 from transformers import AutoTokenizer
 
 from flatcollate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
-from flatcollate.collate.templates import completion_mask_turns, find_subsequence
+from flatcollate.collate.response_templates import completion_mask_turns, find_subsequence
 
 R = [90, 91]  # response template ids
 U = [80, 81]  # instruction template ids

@@ -1,4 +1,8 @@
-"""Finding a template's token ids inside a sequence, and the label masks that follow from where templates occur."""
+"""Finding a response/instruction template's token ids inside a sequence, and the label masks that follow.
+
+Used by `DataCollatorForCompletionOnlyLM`. Prompt templates (rendering raw records to text) live in
+`flatcollate.data.templates`.
+"""
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
