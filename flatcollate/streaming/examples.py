@@ -6,20 +6,35 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .._conventions import NP_IDS_DTYPE
+from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
+from ..boundaries import position_ids_to_cu_seqlens
+from ..collate._features import MASK_KEYS, unknown_per_token_keys
 
 Overlong = Literal["error", "split", "truncate"]
 OVERLONG_CHOICES = ("error", "split", "truncate")
 
 EncodeFn = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
+_KNOWN_KEYS = frozenset({"input_ids", "labels", "attention_mask", "position_ids", "seq_lengths", *MASK_KEYS})
+
 
 def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np.ndarray, np.ndarray]:
-    """Encode and validate one row.
+    """Encode and validate one row; fold its masks into the labels.
+
+    A packed row keeps only `input_ids` and `labels`, so `completion_mask` / `assistant_masks` are folded into the
+    labels here (label -100 where the mask is 0), as `flatcollate.DataCollatorWithFlattening` folds them for unpacked
+    rows.
+    Any other per-token field would be lost in the pack and is refused; so are padded rows (`attention_mask` with
+    zeros) and rows that already hold several sequences (restarting `position_ids`, several `seq_lengths`)::
+
+        input_ids        [p0 p1 c0 c1]
+        completion_mask  [ 0  1  1  1]
+        labels        -> [-100 p1 c0 c1]
 
     Args:
-        row: a mapping; with `encode_fn=None` it must already hold `input_ids` (and optionally `labels`).
-        encode_fn: per-row callable returning `{"input_ids", "labels"}` (token ids, 1-D ints).
+        row: a mapping; with `encode_fn=None` it must already hold `input_ids` (and optionally `labels`,
+            `completion_mask`, `assistant_masks`).
+        encode_fn: per-row callable returning `{"input_ids", "labels"}` (token ids, 1-D ints), optionally with masks.
         origin (`str`): where the row came from, for error messages (`"row 12"`).
 
     Returns:
@@ -28,6 +43,8 @@ def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np
     >>> ids, labels = encode_row({"input_ids": [5, 6, 7]}, encode_fn=None, origin="row 0")
     >>> ids.tolist(), labels.tolist()
     ([5, 6, 7], [5, 6, 7])
+    >>> encode_row({"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}, encode_fn=None, origin="row 0")[1].tolist()
+    [-100, 6, 7]
     """
     if not isinstance(row, Mapping):
         raise TypeError(f"{origin}: expected a mapping (dict) row, got {type(row).__name__}: {_short(row)}.")
@@ -38,18 +55,25 @@ def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np
         fix = "make `encode_fn` return it" if encode_fn is not None else "tokenize first or pass `encode_fn=`"
         raise ValueError(f"{origin}: field `input_ids` is missing (fields: {sorted(encoded)}); {fix}.")
     input_ids = _token_array(encoded["input_ids"], field="input_ids", origin=origin)
-    if input_ids.size == 0:
+    length = input_ids.size
+    if length == 0:
         raise ValueError(f"{origin}: field `input_ids` is empty; filter out empty rows before packing.")
     if input_ids.min() < 0:
         raise ValueError(f"{origin}: field `input_ids` holds a negative id ({int(input_ids.min())}); ids must be >= 0.")
+    _refuse_lost_fields(encoded, length, origin=origin, from_encode_fn=encode_fn is not None)
     if encoded.get("labels") is None:
-        return input_ids, input_ids.copy()
-    labels = _token_array(encoded["labels"], field="labels", origin=origin)
-    if labels.shape != input_ids.shape:
-        raise ValueError(
-            f"{origin}: field `labels` has {labels.size} entries but `input_ids` has {input_ids.size}; "
-            "they must be the same length (use -100 for tokens that carry no loss)."
-        )
+        labels = input_ids.copy()
+    else:
+        labels = _token_array(encoded["labels"], field="labels", origin=origin)
+        _check_length(labels, length, field="labels", origin=origin)
+    for key in MASK_KEYS:
+        if encoded.get(key) is not None:
+            mask = _token_array(encoded[key], field=key, origin=origin, allow_bool=True)
+            _check_length(mask, length, field=key, origin=origin)
+            if mask.min() < 0 or mask.max() > 1:
+                bad = int(mask[(mask < 0) | (mask > 1)][0])
+                raise ValueError(f"{origin}: field `{key}` must hold only 0 and 1, found {bad}.")
+            labels = np.where(mask == 0, IGNORE_INDEX, labels)
     return input_ids, labels
 
 
@@ -80,8 +104,52 @@ def fit_to_pack(
     )
 
 
-def _token_array(value: Any, *, field: str, origin: str) -> np.ndarray:
-    """1-D int64 copy of a list, numpy array or tensor of token ids; raises naming the row and field."""
+def _refuse_lost_fields(encoded: Mapping[str, Any], length: int, *, origin: str, from_encode_fn: bool) -> None:
+    """Raise if a field of the row carries per-token information that a pack of `input_ids` and `labels` would lose."""
+    if encoded.get("attention_mask") is not None:
+        attention = _token_array(encoded["attention_mask"], field="attention_mask", origin=origin)
+        _check_length(attention, length, field="attention_mask", origin=origin)
+        if attention.min() == 0:
+            raise ValueError(
+                f"{origin}: field `attention_mask` has zeros, so the row is padded; the packer takes unpadded rows. "
+                "Tokenize with padding=False."
+            )
+    if encoded.get("position_ids") is not None:
+        positions = _token_array(encoded["position_ids"], field="position_ids", origin=origin)
+        _check_length(positions, length, field="position_ids", origin=origin)
+        if position_ids_to_cu_seqlens(positions).size > 2:
+            raise _already_packed(origin, "position_ids", "restarts")
+    if encoded.get("seq_lengths") is not None:
+        seq_lengths = _token_array(encoded["seq_lengths"], field="seq_lengths", origin=origin)
+        if seq_lengths.tolist() != [length]:
+            raise _already_packed(origin, "seq_lengths", f"is {seq_lengths.tolist()[:8]}")
+    unknown = unknown_per_token_keys(encoded, _KNOWN_KEYS, length)
+    if unknown:
+        where = "make `encode_fn` stop returning them" if from_encode_fn else "remove them from the rows"
+        raise ValueError(
+            f"{origin}: per-token field(s) {unknown} would be dropped by the packer, which keeps only `input_ids` and "
+            f"`labels` (with `completion_mask` / `assistant_masks` folded in); {where} "
+            "(e.g. `dataset.remove_columns(...)`) or fold them into `labels`."
+        )
+
+
+def _already_packed(origin: str, field: str, what: str) -> ValueError:
+    return ValueError(
+        f"{origin}: field `{field}` {what}, so the row holds several sequences already; the packer would merge them "
+        "into one. Pass the unpacked rows, one sequence each."
+    )
+
+
+def _check_length(array: np.ndarray, length: int, *, field: str, origin: str) -> None:
+    if array.size != length:
+        raise ValueError(
+            f"{origin}: field `{field}` has {array.size} entries but `input_ids` has {length}; "
+            "they must be the same length (use -100 for labels that carry no loss)."
+        )
+
+
+def _token_array(value: Any, *, field: str, origin: str, allow_bool: bool = False) -> np.ndarray:
+    """1-D int64 copy of a list, numpy array or tensor of ints (bools too for a mask); raises naming row and field."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
     try:
@@ -90,7 +158,7 @@ def _token_array(value: Any, *, field: str, origin: str) -> np.ndarray:
         raise TypeError(f"{origin}: field `{field}` is not a flat list of ints: {_short(value)}.") from error
     if array.ndim != 1:
         raise TypeError(f"{origin}: field `{field}` must be 1-D, got shape {tuple(array.shape)}: {_short(value)}.")
-    if array.size and array.dtype.kind not in "iu":
+    if array.size and array.dtype.kind not in ("iub" if allow_bool else "iu"):
         raise TypeError(f"{origin}: field `{field}` must hold ints, got dtype {array.dtype}: {_short(value)}.")
     return array.astype(NP_IDS_DTYPE, copy=True)
 
