@@ -6,7 +6,7 @@ from .encode import Encoder, build_encoder
 from .packing import pack_lengths, split_lengths
 from .sampler import TokenBudgetBatchSampler, balanced_batches
 from .supervised import load_source, make_supervised_dataset
-from .templates import BUILTIN_TEMPLATES, load_template
+from .prompt_templates import BUILTIN_TEMPLATES, load_template
 
 __all__ = [
     "BUILTIN_TEMPLATES",

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._conventions import IGNORE_INDEX
 from .chat import ChatRenderer, check_messages, sharegpt_to_messages
-from .templates import load_template, render_prompt
+from .prompt_templates import load_template, render_prompt
 
 FORMATS = ("auto", "instruction", "prompt_completion", "messages", "sharegpt")
 
@@ -138,7 +138,7 @@ def build_encoder(
         format (`str`, *optional*, defaults to `"auto"`): one of `"auto"`, `"instruction"`, `"prompt_completion"`,
             `"messages"`, `"sharegpt"`.
         template (`str` or `dict`, *optional*, defaults to `"alpaca"`): prompt template for `"instruction"` rows (see
-            `flatcollate.data.templates`).
+            `flatcollate.data.prompt_templates`).
         chat_template (`str`, *optional*): Jinja chat template replacing the tokenizer's; one with
             `{% generation %}` markers gives the assistant mask directly.
         chat_template_kwargs (`dict`, *optional*): extra template variables, e.g. `{"date_string": "26 Jul 2024"}`.

@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from flatcollate.data.encode import build_encoder
-from flatcollate.data.templates import load_template, render_prompt
+from flatcollate.data.prompt_templates import load_template, render_prompt
 
 CHAT = {
     "qwen2.5-instruct": ({}, "<|im_end|>\n"),
