@@ -18,7 +18,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from . import capabilities
 from .kernels import KERNELS
-from .segments import segments_from_kwargs
+from .packed_segments import segments_from_kwargs
 
 ATTN_IMPLEMENTATION = "flatcollate"
 """Name to pass as `attn_implementation=` (or to `model.set_attn_implementation`)."""

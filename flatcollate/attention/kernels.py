@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from . import capabilities
-from .segments import PackedSegments, host_boundaries
+from .packed_segments import PackedSegments, host_boundaries
 
 
 def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):

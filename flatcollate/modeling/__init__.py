@@ -4,7 +4,7 @@ from .families import KEEP_OWN_BACKEND, UNSUPPORTED_FAMILIES, takes_packed_backe
 from .guard import install_guard, is_flattened
 from .mask_patch import patch_mask_builders
 from .prepare import prepare_model_for_flattening
-from .segments import SEGMENTED_MIXERS, row_bounds, segment_mixers
+from .stateful_layers import SEGMENTED_MIXERS, row_bounds, segment_mixers
 
 __all__ = [
     "KEEP_OWN_BACKEND",

@@ -4,8 +4,8 @@ A family is exact when its attention layers dispatch through transformers' atten
 keyword arguments (`cu_seq_lens_*`, `position_ids`) down to it: the backend then keeps sequences apart itself, whatever
 the family's mask builder does. A family whose layers do not dispatch (falcon, bloom, mpt) keeps its own backend and
 gets its mask builders patched (`mask_patch`). A family whose state-space, linear-attention or short-convolution
-layers carry state along the row gets those layers run once per sequence (`segments.SEGMENTED_MIXERS`). The families
-below break exactness for a reason none of these can fix.
+layers carry state along the row gets those layers run once per sequence (`stateful_layers.SEGMENTED_MIXERS`). The
+families below break exactness for a reason none of these can fix.
 """
 
 from transformers import PreTrainedModel

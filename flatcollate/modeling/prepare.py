@@ -8,7 +8,7 @@ from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
 from .mask_patch import patch_mask_builders
-from .segments import segment_mixers
+from .stateful_layers import segment_mixers
 
 
 def prepare_model_for_flattening(

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.attention import capabilities, packed_attention_forward, segments, select_kernel
+from flatcollate.attention import capabilities, packed_attention_forward, packed_segments, select_kernel
 from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
@@ -149,10 +149,10 @@ def _batch(with_boundaries: bool) -> dict:
 
 def test_collator_boundaries_are_never_recomputed_per_layer(four_layer_llama, monkeypatch):
     derived, host = CountingDict(), CountingDict()
-    monkeypatch.setattr(segments, "_DERIVED", derived)
-    monkeypatch.setattr(segments, "_HOST", host)
+    monkeypatch.setattr(packed_segments, "_DERIVED", derived)
+    monkeypatch.setattr(packed_segments, "_HOST", host)
     calls = []
-    original = segments.segments_from_kwargs
+    original = packed_segments.segments_from_kwargs
     monkeypatch.setattr(
         "flatcollate.attention.dispatch.segments_from_kwargs", lambda kw, **o: calls.append(1) or original(kw, **o)
     )
@@ -164,7 +164,7 @@ def test_collator_boundaries_are_never_recomputed_per_layer(four_layer_llama, mo
 
 def test_position_ids_only_are_derived_once_per_forward(four_layer_llama, monkeypatch):
     derived = CountingDict()
-    monkeypatch.setattr(segments, "_DERIVED", derived)
+    monkeypatch.setattr(packed_segments, "_DERIVED", derived)
     four_layer_llama(**_batch(with_boundaries=False))
     assert derived.writes == 1
     four_layer_llama(**_batch(with_boundaries=False))
