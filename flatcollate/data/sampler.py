@@ -47,6 +47,64 @@ def balanced_batches(lengths: np.ndarray, num_batches: int, *, seed: int = 0) ->
     return np.split(by_batch, np.cumsum(np.bincount(batch_of, minlength=num_batches))[:-1])
 
 
+def _check_int(name: str, value, *, minimum: int | None = None) -> None:
+    """Raise unless `value` is an int (numpy ints too, bools not) of at least `minimum`."""
+    noun = "a positive int" if minimum == 1 else "an int"
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be {noun}, got {value!r} ({type(value).__name__}).")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {noun}, got {value}.")
+
+
+def _first_non_integer(values: list) -> int:
+    """Index of the first value that is not a whole number (a bool, a fractional float, None, text), else 0."""
+    # Error path only: one pass over the examples to name the culprit.
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | float) or (isinstance(v, float) and not v.is_integer()):
+            return i
+    return 0
+
+
+def check_example_lengths(lengths) -> np.ndarray:
+    """Token counts of every example as a 1-D int64 array, each at least 1.
+
+    Args:
+        lengths (`Sequence[int]`, `np.ndarray` or `torch.Tensor` of shape `(N,)`, integer).
+
+    Returns:
+        `np.ndarray` of shape `(N,)`, int64.
+
+    Raises:
+        `TypeError`: for a shape other than `(N,)` or values that are not integers (floats, bools).
+        `ValueError`: for an example of fewer than 1 token, naming the first one.
+
+    >>> check_example_lengths([4, 0, 2])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: example 1 has 0 tokens; every example needs at least 1 token. Filter empty examples out first, ...
+    """
+    fix = "pass one token count per example, e.g. `[len(ids) for ids in dataset['input_ids']]`."
+    try:
+        array = np.asarray(lengths)
+    except ValueError as err:  # ragged nested lists
+        raise TypeError(f"lengths must be 1-D (one token count per example), got a ragged nested list; {fix}") from err
+    if array.ndim != 1:
+        raise TypeError(f"lengths must be 1-D (one token count per example), got shape {array.shape}; {fix}")
+    if array.dtype.kind not in "iu" and array.size:
+        values = array.tolist()
+        i = _first_non_integer(values)
+        raise TypeError(f"lengths must hold integers, got {array.dtype} (example {i}: {values[i]!r}); {fix}")
+    array = array.astype(np.int64)
+    empty = np.flatnonzero(array < 1)
+    if empty.size:
+        i = int(empty[0])
+        raise ValueError(
+            f"example {i} has {array[i]} tokens; every example needs at least 1 token. Filter empty examples out "
+            'first, e.g. `dataset.filter(lambda row: len(row["input_ids"]) > 0)`.'
+        )
+    return array
+
+
 class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of at most `max_tokens` tokens with near-equal token counts, as many per epoch as a plain sampler.
 
@@ -61,6 +119,11 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         rank (`int`, *optional*): this process's rank; defaults to `torch.distributed`'s, else 0.
 
     Yields `list[int]` of dataset indices, one list per step for this rank.
+
+    Raises:
+        `TypeError`: `lengths` not 1-D integers, or an option of the wrong type (floats, bools).
+        `ValueError`: an example of fewer than 1 token or more than `max_tokens` (naming it), a non-positive
+            `batch_size`/`max_tokens`/`num_replicas`, or a `rank` outside `[0, num_replicas)`.
 
     >>> sampler = TokenBudgetBatchSampler([900, 40, 30, 950, 60, 20], batch_size=2, max_tokens=1000)
     >>> len(sampler), sorted(i for batch in sampler for i in batch)
@@ -79,19 +142,20 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         rank: int | None = None,
     ):
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.num_replicas = (
-            num_replicas if num_replicas is not None else (torch.distributed.get_world_size() if distributed else 1)
-        )
-        self.rank = rank if rank is not None else (torch.distributed.get_rank() if distributed else 0)
-        if batch_size < 1 or max_tokens < 1 or self.num_replicas < 1:
-            raise ValueError(
-                f"batch_size ({batch_size}), max_tokens ({max_tokens}) and num_replicas ({self.num_replicas}) "
-                "must be positive."
-            )
-        if not 0 <= self.rank < self.num_replicas:
-            raise ValueError(f"rank {self.rank} is not in [0, num_replicas={self.num_replicas}).")
-        self.lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
-        self.batch_size, self.max_tokens, self.seed, self.drop_last = batch_size, max_tokens, seed, drop_last
+        if num_replicas is None:
+            num_replicas = torch.distributed.get_world_size() if distributed else 1
+        if rank is None:
+            rank = torch.distributed.get_rank() if distributed else 0
+        for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens), ("num_replicas", num_replicas)):
+            _check_int(name, value, minimum=1)
+        _check_int("rank", rank)
+        _check_int("seed", seed)
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas}).")
+        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.lengths = check_example_lengths(lengths)
+        self.batch_size, self.max_tokens, self.seed = int(batch_size), int(max_tokens), int(seed)
+        self.drop_last = drop_last
         self.epoch = 0
         n = len(self.lengths)
         if drop_last:

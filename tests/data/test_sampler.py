@@ -83,3 +83,53 @@ def test_balanced_batches_match_reference_loads(seed):
     groups = balanced_batches(lengths, k, seed=seed)
     assert sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
     assert sorted(int(lengths[g].sum()) for g in groups) == reference_lpt(lengths.tolist(), k)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "error", "match"),
+    [
+        ([3, 0, 2], ValueError, r"example 1 has 0 tokens; every example needs at least 1 token"),
+        ([3, 2, -4], ValueError, r"example 2 has -4 tokens; every example needs at least 1 token"),
+        ([3, 2.5, 2], TypeError, r"lengths must hold integers, got float64 \(example 1: 2.5\)"),
+        ([3.0, 2.0], TypeError, r"lengths must hold integers, got float64 \(example 0: 3.0\)"),
+        ([True, False], TypeError, r"lengths must hold integers, got bool"),
+        ([[3, 2], [2, 2]], TypeError, r"lengths must be 1-D \(one token count per example\), got shape \(2, 2\)"),
+        (5, TypeError, r"lengths must be 1-D \(one token count per example\), got shape \(\)"),
+        ([[3, 2], [2]], TypeError, r"lengths must be 1-D \(one token count per example\), got a ragged nested list"),
+    ],
+)
+def test_bad_lengths_name_the_example_and_the_fix(lengths, error, match):
+    with pytest.raises(error, match=match):
+        TokenBudgetBatchSampler(lengths, batch_size=1, max_tokens=10)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch_size": 0}, ValueError, r"batch_size must be a positive int, got 0"),
+        ({"batch_size": -2}, ValueError, r"batch_size must be a positive int, got -2"),
+        ({"batch_size": 1.5}, TypeError, r"batch_size must be a positive int, got 1.5 \(float\)"),
+        ({"batch_size": True}, TypeError, r"batch_size must be a positive int, got True \(bool\)"),
+        ({"max_tokens": 0}, ValueError, r"max_tokens must be a positive int, got 0"),
+        ({"max_tokens": 10.5}, TypeError, r"max_tokens must be a positive int, got 10.5 \(float\)"),
+        ({"max_tokens": "10"}, TypeError, r"max_tokens must be a positive int, got '10' \(str\)"),
+        ({"num_replicas": 0, "rank": 0}, ValueError, r"num_replicas must be a positive int, got 0"),
+        ({"num_replicas": 2, "rank": 1.0}, TypeError, r"rank must be an int, got 1.0 \(float\)"),
+        ({"num_replicas": 2, "rank": -1}, ValueError, r"rank -1 is not in \[0, num_replicas=2\)"),
+        ({"seed": 0.5}, TypeError, r"seed must be an int, got 0.5 \(float\)"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_value(kwargs, error, match):
+    kwargs = {"batch_size": 1, "max_tokens": 10, **kwargs}
+    with pytest.raises(error, match=match):
+        TokenBudgetBatchSampler([3, 2, 4, 1], **kwargs)
+
+
+def test_accepts_integer_arrays_tensors_and_lists():
+    import torch
+
+    expected = list(TokenBudgetBatchSampler([3, 2, 4, 1], batch_size=2, max_tokens=10))
+    for lengths in (np.array([3, 2, 4, 1], dtype=np.uint16), torch.tensor([3, 2, 4, 1]), (3, 2, 4, 1)):
+        sampler = TokenBudgetBatchSampler(lengths, batch_size=np.int64(2), max_tokens=10)
+        assert list(sampler) == expected
+        assert all(len(batch) >= 1 for batch in sampler), "no empty batch reaches the collator"
