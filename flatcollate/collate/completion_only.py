@@ -7,9 +7,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .._conventions import IGNORE_INDEX
-from ._features import as_1d_ints
-from .flattening import DataCollatorWithFlattening
+from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
+from ._features import as_1d_ints, check_same_length
+from .flattening import DataCollatorWithFlattening, flatten_features
 from .response_templates import completion_mask_after_last, completion_mask_turns, find_any, template_variants
 
 
@@ -35,11 +35,14 @@ class DataCollatorForCompletionOnlyLM:
         instruction_template (`str` or `list[int]`, *optional*): marks the start of a user turn (multi-turn).
         tokenizer (*optional*): needed for string templates, and for `padding_free=False` (its `pad_token_id`).
         mlm (`bool`, defaults to `False`): accepted for compatibility; must be `False`.
-        ignore_index (`int`, defaults to -100): label of masked tokens.
-        padding_free (`bool`, defaults to `True`): flatten the batch; `False` pads to the longest example and returns
-            an `attention_mask` (the TRL 0.x default).
-        on_missing_template (`"error"` or `"mask"`, defaults to `"error"`): what to do with an example whose response
-            template is absent: raise, or mask the whole example with a warning.
+        ignore_index (`int`, defaults to -100): label of masked tokens in the output (`labels` given in the examples
+            mark masked tokens with -100).
+        padding_free (`bool`, defaults to `True`): flatten the batch; `False` pads to the longest example (rounded up
+            to `pad_to_multiple_of`) and returns an `attention_mask` (the TRL 0.x default). Both modes validate
+            examples like `DataCollatorWithFlattening` and fold `completion_mask` / `assistant_masks` into `labels`.
+        on_missing_template (`"error"` or `"mask"`, defaults to `"error"`): what to do with an example that lacks the
+            response template, or the instruction template when one is given: raise naming the example and the
+            template, or mask the whole example with a warning (TRL 0.x's behaviour).
         **flatten_kwargs: passed to `DataCollatorWithFlattening` (e.g. `pad_to_multiple_of`, `return_seq_idx`).
 
     >>> collator = DataCollatorForCompletionOnlyLM(response_template=[9, 9])
@@ -79,65 +82,131 @@ class DataCollatorForCompletionOnlyLM:
             template_variants(instruction_template, tokenizer) if instruction_template is not None else None
         )
         self.flattener = DataCollatorWithFlattening(
-            separator_id=ignore_index, return_tensors=return_tensors, **flatten_kwargs
+            separator_id=IGNORE_INDEX, return_tensors=return_tensors, **flatten_kwargs
         )
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if len(features) == 0:
             raise ValueError("empty batch: the collator got no examples; check the sampler and `drop_last`.")
-        masked, missing = [], []
+        masked = []
+        missing: dict[str, list[int]] = {"response": [], "instruction": []}
         for index, feature in enumerate(features):  # one template search per example
-            labels = self.completion_labels(feature, index=index)
-            if labels is None:
-                missing.append(index)
-                labels = np.full(len(feature["input_ids"]), self.ignore_index, dtype=np.int64)
+            labels, absent = self.completion_labels(feature, index=index)
+            for kind in absent:
+                missing[kind].append(index)
             masked.append({**feature, "labels": labels})
-        if missing:
-            warnings.warn(
-                f"response template {self.response_template!r} not found in example(s) {missing}; their labels are "
-                "all masked (on_missing_template='mask').",
-                stacklevel=2,
-            )
-        if self.padding_free:
-            return self.flattener(masked)
-        return self._pad(masked)
+        for kind, indices in missing.items():
+            if indices:
+                warnings.warn(
+                    f"{kind} template {self._template(kind)!r} not found in example(s) {indices}; their labels are all "
+                    "masked (on_missing_template='mask').",
+                    stacklevel=2,
+                )
+        batch = self.flattener(masked) if self.padding_free else self._pad(masked)
+        if self.ignore_index != IGNORE_INDEX:  # masks are folded with the library's -100 (the only value checks allow)
+            batch["labels"][batch["labels"] == IGNORE_INDEX] = self.ignore_index
+        return batch
 
-    def completion_labels(self, feature: Mapping[str, Any], *, index: int) -> np.ndarray | None:
-        """Labels of one example with everything but completions set to `ignore_index`; None if no template."""
+    def completion_labels(self, feature: Mapping[str, Any], *, index: int) -> tuple[np.ndarray, list[str]]:
+        """Labels of one example with everything but completions masked, and the templates it lacks.
+
+        Args:
+            feature: one example with `input_ids` and optional `labels` (one entry per token, -100 where masked).
+            index: position of the example in the batch, for error messages.
+
+        Returns:
+            `labels` of shape `(L,)`, int64, -100 outside completions; and `["response"]`, `["instruction"]`, both
+            or none. An example lacking a template raises (`on_missing_template="error"`) or is masked whole
+            (`"mask"`), as TRL 0.x did.
+        """
         if not isinstance(feature, Mapping) or "input_ids" not in feature:
             raise ValueError(f"example {index} must be a dict with 'input_ids'.")
         ids = as_1d_ints(feature["input_ids"], index=index, field="input_ids")
         labels = ids
         if feature.get("labels") is not None:
             labels = as_1d_ints(feature["labels"], index=index, field="labels")
+            check_same_length(labels, len(ids), index=index, field="labels")
         _, response_ends = find_any(ids, self.response_variants)
-        if response_ends.size == 0:
+        absent = [] if response_ends.size else ["response"]
+        instruction_starts = None
+        if self.instruction_variants is not None:
+            instruction_starts, _ = find_any(ids, self.instruction_variants)
+            if instruction_starts.size == 0:
+                absent.append("instruction")
+        if absent:
             if self.on_missing_template == "error":
                 raise ValueError(
-                    f"example {index}: response template {self.response_template!r} not found in 'input_ids'. "
+                    f"example {index}: {absent[0]} template {self._template(absent[0])!r} not found in 'input_ids'. "
                     "It may tokenize differently in context: pass it as token ids taken from a tokenized example, "
                     "or set on_missing_template='mask' to skip such examples' loss."
                 )
-            return None
-        if self.instruction_variants is None:
+            return np.full(len(ids), IGNORE_INDEX, dtype=NP_IDS_DTYPE), absent
+        if instruction_starts is None:
             keep = completion_mask_after_last(len(ids), response_ends)
         else:
-            instruction_starts, _ = find_any(ids, self.instruction_variants)
             keep = completion_mask_turns(len(ids), response_ends, instruction_starts)
-        return np.where(keep, labels, self.ignore_index)
+        return np.where(keep, labels, IGNORE_INDEX), []
+
+    def _template(self, kind: str) -> str | list[int]:
+        return self.response_template if kind == "response" else self.instruction_template
 
     def _pad(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        """Right-pad to the longest example with an attention mask (the non-flattened layout)."""
-        ids = [as_1d_ints(f["input_ids"], index=i, field="input_ids") for i, f in enumerate(features)]
-        longest = max(len(x) for x in ids)
-        input_ids = np.full((len(ids), longest), self.tokenizer.pad_token_id, dtype=np.int64)
-        labels = np.full((len(ids), longest), self.ignore_index, dtype=np.int64)
-        attention_mask = np.zeros((len(ids), longest), dtype=np.int64)
-        for row, (x, feature) in enumerate(zip(ids, features, strict=True)):  # one copy per example
-            input_ids[row, : len(x)] = x
-            labels[row, : len(x)] = feature["labels"]
-            attention_mask[row, : len(x)] = 1
-        batch = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+        """Right-pad to the longest example with an attention mask (the non-flattened layout).
+
+        Examples are validated and concatenated by `flatten_features`, exactly as when flattening, then scattered into
+        rows.
+        """
+        flattener = self.flattener
+        flat = flatten_features(features, vocab_size=flattener.vocab_size, max_seq_len=flattener.max_seq_len)
+        batch = pad_flat(
+            flat, pad_token_id=self.tokenizer.pad_token_id, pad_to_multiple_of=flattener.pad_to_multiple_of
+        )
         if self.return_tensors == "pt":
             return {k: torch.from_numpy(v) for k, v in batch.items()}
         return batch
+
+
+def pad_flat(
+    flat: Mapping[str, np.ndarray], *, pad_token_id: int, pad_to_multiple_of: int | None = None
+) -> dict[str, np.ndarray]:
+    """Scatter a flattened batch (from `flatten_features`) back into right-padded rows, one per example::
+
+        flat      [a0 a1 a2 | b0]         example_offsets [0 3 4]
+        rows      [a0 a1 a2]
+                  [b0 p  p ]              attention_mask [[1 1 1] [1 0 0]]
+
+    Args:
+        flat: `input_ids` and `labels` `(T,)` int64, `cu_seqlens` `(N + 1,)` int32, `example_offsets` `(B + 1,)` int64.
+        pad_token_id: id of padding tokens (label -100, attention mask 0).
+        pad_to_multiple_of: round the row width up to a multiple of this.
+
+    Returns:
+        `input_ids`, `labels`, `attention_mask`, each `(B, W)` int64.
+
+    >>> flat = flatten_features([{"input_ids": [5, 6, 7]}, {"input_ids": [8]}])
+    >>> padded = pad_flat(flat, pad_token_id=0)
+    >>> padded["input_ids"].tolist(), padded["attention_mask"].tolist()
+    ([[5, 6, 7], [8, 0, 0]], [[1, 1, 1], [1, 0, 0]])
+    """
+    offsets, starts = flat["example_offsets"], flat["cu_seqlens"][:-1]
+    sequences = np.diff(np.searchsorted(starts, offsets))  # sequences starting inside each example
+    if sequences.max() > 1:
+        index = int(np.argmax(sequences > 1))
+        raise ValueError(
+            f"example {index} holds {int(sequences[index])} sequences (`seq_lengths` or restarting `position_ids`); "
+            "padding_free=False gives each example one attention row, so they would attend to each other. "
+            "Use padding_free=True for packed examples."
+        )
+    lengths = np.diff(offsets)
+    width = int(lengths.max())
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    columns = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    input_ids = np.full((len(lengths), width), pad_token_id, dtype=NP_IDS_DTYPE)
+    labels = np.full((len(lengths), width), IGNORE_INDEX, dtype=NP_IDS_DTYPE)
+    attention_mask = np.zeros((len(lengths), width), dtype=NP_IDS_DTYPE)
+    input_ids[rows, columns] = flat["input_ids"]
+    labels[rows, columns] = flat["labels"]
+    attention_mask[rows, columns] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}

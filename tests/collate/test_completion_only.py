@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -82,6 +84,41 @@ def test_missing_template_error_and_mask_policies():
     with pytest.warns(UserWarning, match=r"example\(s\) \[1\]"):
         batch = DataCollatorForCompletionOnlyLM(R, on_missing_template="mask")(features)
     assert batch["labels"].tolist() == [[-100, -100, -100, 2, -100, -100, -100]]
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_missing_instruction_template_follows_on_missing_template(padding_free):
+    # example 1 has a response template but no instruction template: TRL 0.x masked it whole, with a warning
+    features = [{"input_ids": [*U, 1, *R, 2]}, {"input_ids": [3, *R, 4, 5]}]
+    options = {"tokenizer": SimpleNamespace(pad_token_id=0), "padding_free": padding_free}
+    with pytest.raises(ValueError, match=r"example 1: instruction template \[80, 81\] not found in 'input_ids'"):
+        DataCollatorForCompletionOnlyLM(R, U, **options)(features)
+    with pytest.warns(UserWarning, match=r"instruction template \[80, 81\] not found in example\(s\) \[1\]"):
+        batch = DataCollatorForCompletionOnlyLM(R, U, on_missing_template="mask", **options)(features)
+    expected = [[-100] * 5 + [2] + [-100] * 5] if padding_free else [[-100] * 5 + [2], [-100] * 6]
+    torch.testing.assert_close(batch["labels"], torch.tensor(expected))
+
+
+def test_example_missing_both_templates_is_reported_for_each():
+    features = [{"input_ids": [*U, 1, *R, 2]}, {"input_ids": [3, 4]}, {"input_ids": [*U, 5]}]
+    with pytest.raises(ValueError, match=r"example 1: response template \[90, 91\] not found"):
+        DataCollatorForCompletionOnlyLM(R, U)(features)
+    with pytest.warns(UserWarning) as record:
+        batch = DataCollatorForCompletionOnlyLM(R, U, on_missing_template="mask")(features)
+    messages = " ".join(str(w.message) for w in record)
+    assert "response template [90, 91] not found in example(s) [1, 2]" in messages
+    assert "instruction template [80, 81] not found in example(s) [1]" in messages
+    assert batch["labels"].tolist() == [[-100] * 5 + [2] + [-100] * 5]
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_custom_ignore_index_marks_every_masked_label(padding_free):
+    collator = DataCollatorForCompletionOnlyLM(
+        R, ignore_index=-1, tokenizer=SimpleNamespace(pad_token_id=0), padding_free=padding_free
+    )
+    batch = collator([{"input_ids": [1, *R, 5, 6], "labels": [1, 90, 91, -100, 6]}, {"input_ids": [*R, 7]}])
+    expected = [[-1, -1, -1, -1, 6, -1, -1, 7]] if padding_free else [[-1, -1, -1, -1, 6], [-1, -1, 7, -1, -1]]
+    torch.testing.assert_close(batch["labels"], torch.tensor(expected))
 
 
 def test_flattened_output_has_all_boundary_keys():
