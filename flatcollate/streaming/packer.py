@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from .bins import STRATEGY_CHOICES, Item, OnlineBins, Strategy, packs_from_state, packs_to_state
 from .examples import OVERLONG_CHOICES, EncodeFn, Overlong, encode_row, fit_to_pack
 from .sources import RowSource, as_source
@@ -21,7 +22,12 @@ class StreamingPacker(IterableDataset):
 
         input_ids    [a0 a1 a2 b0 b1 c0 c1 c2]     (L,) int64, L <= pack_len
         labels       [a0 a1 a2 b0 b1 c0 c1 c2]     (L,) int64 (-100 where a token carries no loss)
+        position_ids [ 0  1  2  0  1  0  1  2]     (L,) int64, restarting at every sequence
         seq_lengths  [3, 2, 3]                     list of ints, one per sequence, summing to L
+
+    The boundaries are given twice on purpose: `transformers.Trainer` with `remove_unused_columns=True` (its default)
+    removes `seq_lengths`, which no model's `forward` takes, but keeps `position_ids`; the collator finds the
+    boundaries from either and checks that they agree when both are present.
 
     Sharding: the source is one stream of rows `0, 1, 2, ...`; with `world_size` ranks of `num_workers` DataLoader
     workers each, reader `rank * num_workers + worker_id` owns the rows whose index is congruent to it modulo
@@ -144,10 +150,12 @@ class StreamingPacker(IterableDataset):
             yield self._to_example(pack)
 
     def _to_example(self, pack: list[Item]) -> dict[str, Any]:
+        seq_lengths = [int(item.input_ids.size) for item in pack]
         example = {
             "input_ids": torch.from_numpy(np.concatenate([item.input_ids for item in pack])),
             "labels": torch.from_numpy(np.concatenate([item.labels for item in pack])),
-            "seq_lengths": [int(item.input_ids.size) for item in pack],
+            "position_ids": torch.from_numpy(cu_seqlens_to_position_ids(lengths_to_cu_seqlens(np.array(seq_lengths)))),
+            "seq_lengths": seq_lengths,
         }
         if self.return_example_ids:
             example["example_ids"] = [item.example_id for item in pack]

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from flatcollate import DataCollatorWithFlattening
 from flatcollate.streaming import StreamingPacker, interleave
 
 
@@ -31,7 +32,7 @@ def test_every_sequence_arrives_intact_within_pack_len(strategy):
     lengths = [*np.random.default_rng(0).integers(1, 33, size=120).tolist(), 32, 1]
     packs = list(StreamingPacker(make_rows(lengths), pack_len=32, buffer_size=10, strategy=strategy))
     assert all(p["input_ids"].numel() <= 32 for p in packs)
-    assert set(packs[0]) == {"input_ids", "labels", "seq_lengths"}
+    assert set(packs[0]) == {"input_ids", "labels", "position_ids", "seq_lengths"}
     seen = sorted(unpack(packs))
     assert seen == [(i, [i] * n, list(range(n))) for i, n in enumerate(lengths)]
 
@@ -128,3 +129,25 @@ def test_interleave_and_constructor_validation():
         StreamingPacker([], pack_len=8, rank=2, world_size=2)
     with pytest.raises(TypeError, match="one-shot iterator"):
         StreamingPacker(iter([]), pack_len=8)
+
+
+def test_packs_carry_restarting_position_ids():
+    rows = make_rows([3, 2, 4, 1])
+    for pack in StreamingPacker(rows, pack_len=8, buffer_size=4):
+        assert pack["position_ids"].dtype == torch.int64 and pack["position_ids"].shape == pack["input_ids"].shape
+        expected = [position for length in pack["seq_lengths"] for position in range(length)]  # per-sequence reference
+        assert pack["position_ids"].tolist() == expected
+    (first, *_) = StreamingPacker(make_rows([3, 2]), pack_len=8)
+    assert first["position_ids"].tolist() == [0, 1, 2, 0, 1]
+
+
+def test_boundaries_survive_when_seq_lengths_is_removed():
+    """`Trainer(remove_unused_columns=True)` drops `seq_lengths`; the restarting `position_ids` keep the boundaries."""
+    lengths = np.random.default_rng(4).integers(1, 12, size=40).tolist()
+    packs = list(StreamingPacker(make_rows(lengths), pack_len=16, buffer_size=6))
+    collator = DataCollatorWithFlattening()
+    with_lengths = collator(packs)
+    without = collator([{k: v for k, v in pack.items() if k != "seq_lengths"} for pack in packs])
+    assert sorted(np.diff(with_lengths["cu_seq_lens_q"].numpy()).tolist()) == sorted(lengths)
+    for key in ("cu_seq_lens_q", "position_ids", "labels", "seq_idx"):
+        torch.testing.assert_close(without[key], with_lengths[key])
