@@ -1,18 +1,25 @@
 """A forward pre-hook that refuses the arguments which make a flattened batch attend across sequences.
 
 transformers detects packed rows from `position_ids` only when no `attention_mask` and no cache are present; with
-either one, sequences of a flattened row silently attend to each other. The hook raises instead. It does no work on
-an ordinary call: only when one of those arguments is present does it look at the batch (one host sync at most, on
-the top-level model, never per layer).
+either one, sequences of a flattened row silently attend to each other. The hook raises instead. A batch that carries
+boundaries (`cu_seq_lens_*`, `seq_idx`) has them cross-checked against its `position_ids`, and gets restarting
+positions when it has none (`boundary_check`). An ordinary call costs nothing: the hook looks at tensor data only
+when one of those arguments is present, on the top-level model, never per layer.
 """
 
+import functools
 import inspect
 
 import torch
 
 from .._conventions import FLASH_KWARG_KEYS
+from .boundary_check import check_boundaries
 
 GUARD_ATTRIBUTE = "_flatcollate_guard"
+
+DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
+"""Per-example fields a flattening collator consumes. A prepared model declares them in its forward signature so that
+`Trainer(remove_unused_columns=True)`, the default, keeps them for the collator; they never reach the model itself."""
 
 
 def is_flattened(arguments: dict) -> bool:
@@ -20,14 +27,14 @@ def is_flattened(arguments: dict) -> bool:
 
     Args:
         arguments (`dict`): the forward's keyword arguments; a batch is flattened when it carries `cu_seq_lens_*` /
-            `max_length_*`, or `position_ids` (`(B, T)` integer) that restart inside a row.
+            `max_length_*` / `seq_idx`, or `position_ids` (`(B, T)` integer) that restart inside a row.
 
     >>> is_flattened({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
     True
     >>> is_flattened({"position_ids": torch.tensor([[0, 1, 2, 3, 4]])})
     False
     """
-    if any(arguments.get(key) is not None for key in FLASH_KWARG_KEYS):
+    if any(arguments.get(key) is not None for key in (*FLASH_KWARG_KEYS, "seq_idx")):
         return True
     position_ids = arguments.get("position_ids")
     if position_ids is None or position_ids.shape[-1] < 2:
@@ -52,6 +59,13 @@ def _guard_hook(model, args: tuple, kwargs: dict):
     arguments = kwargs
     if len(args) > 1:
         arguments = {**model._flatcollate_signature.bind_partial(*args, **kwargs).arguments, **kwargs}
+    reached = [key for key in DATA_COLUMNS if arguments.get(key) is not None]
+    if reached:
+        raise ValueError(
+            f"{type(model).__name__} got {reached}: these per-example fields are for the collator, which folds them "
+            "into `labels` and the batch's boundaries. Collate with `flatcollate.DataCollatorWithFlattening` (or "
+            "`DataCollatorForCompletionOnlyLM`) instead of passing them to the model."
+        )
     unsupported = model._flatcollate_unsupported
     if unsupported is not None and is_flattened(arguments):
         raise ValueError(
@@ -66,11 +80,51 @@ def _guard_hook(model, args: tuple, kwargs: dict):
             + ". Sequences would attend to each other. Call the model with `use_cache=False`, no `attention_mask` and "
             "no `past_key_values` (the flattening collators emit none of them), e.g. `model(**batch, use_cache=False)`."
         )
-    return None
+    position_ids = check_boundaries(arguments)
+    if position_ids is None and not kwargs.keys() & set(DATA_COLUMNS):
+        return None
+    kwargs = {key: value for key, value in kwargs.items() if key not in DATA_COLUMNS}
+    if position_ids is None:
+        return args, kwargs
+    bound = model._flatcollate_signature.bind_partial(*args, **kwargs)
+    bound.arguments["position_ids"] = position_ids
+    return bound.args, bound.kwargs
+
+
+def declare_data_columns(model: torch.nn.Module) -> None:
+    """Add `DATA_COLUMNS` to the signature of `model.forward` as keyword-only arguments (once).
+
+    `transformers.Trainer` keeps only the dataset columns that `inspect.signature(model.forward)` names; without this
+    its default `remove_unused_columns=True` removes `seq_lengths` and the masks before the collator sees them, and
+    packed sequences or prompts are trained silently. The new `forward` is the class's own, bound with
+    `functools.partial` (so `copy.deepcopy` and pickling rebind it), carrying only a wider `__signature__`; the guard
+    removes the fields should they ever reach it.
+    """
+    if "forward" in vars(model) and getattr(model.forward, "_flatcollate_columns", False):
+        return
+    signature = inspect.signature(model.forward)
+    parameters = list(signature.parameters.values())
+    variadic = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
+    fixed = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+        for name in DATA_COLUMNS
+        if name not in signature.parameters
+    ]
+    original = model.forward
+    if inspect.ismethod(original) and original.__self__ is model:
+        forward = functools.partial(original.__func__, model)
+    else:  # already replaced by another library: keep calling that
+        forward = functools.partial(original)
+    forward.__signature__ = signature.replace(parameters=fixed + extra + variadic)
+    forward._flatcollate_columns = True
+    model.forward = forward
 
 
 def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> torch.utils.hooks.RemovableHandle:
     """Install the flattened-batch guard on `model` (once; a second call returns the first handle).
+
+    Also declares the collator's per-example fields in the model's forward signature (`declare_data_columns`).
 
     Args:
         model (`torch.nn.Module`): the top-level model.
@@ -85,6 +139,7 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     if existing is not None:
         return existing
     model._flatcollate_signature = inspect.signature(model.forward)
+    declare_data_columns(model)
     handle = model.register_forward_pre_hook(_guard_hook, with_kwargs=True)
     setattr(model, GUARD_ATTRIBUTE, handle)
     return handle

@@ -1,0 +1,154 @@
+"""Cross-check the boundary arguments of a flattened batch, and derive the positions a batch left out.
+
+A flattened batch can say where its sequences start in three ways; each consumer reads a different one::
+
+    cu_seq_lens_q/k  [0, 3, 4, 8]              flash-attn, the flatcollate backend
+    seq_idx          [[0 0 0 1 2 2 2 2]]       state-space kernels
+    position_ids     [[0 1 2 0 0 1 2 3]]       RoPE / learned positions, transformers' mask builders
+
+When they disagree, every layer still runs and the result is silently wrong: with `cu_seq_lens` but arange
+positions, learned absolute positions keep counting across sequences and SDPA's mask builder sees one long sequence.
+`check_boundaries` refuses any disagreement and, when `position_ids` are missing, returns the restarting positions
+that the boundaries imply. It runs once per forward on the top-level model: one host copy of `cu_seq_lens_q`
+(cached for the attention kernels, `host_boundaries`) and one comparison on the device.
+"""
+
+import numpy as np
+import torch
+
+from .._conventions import IDS_DTYPE
+from ..attention.packed_segments import host_boundaries
+
+BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
+"""Arguments whose presence makes the guard check the batch's boundaries."""
+
+
+def _token_count(arguments: dict) -> tuple[int, int, torch.device] | None:
+    """`(rows, tokens per row, device)` of the batch, from `input_ids` `(B, T)` or `inputs_embeds` `(B, T, D)`."""
+    for key in ("input_ids", "inputs_embeds"):
+        value = arguments.get(key)
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:
+            return value.shape[0], value.shape[1], value.device
+    return None
+
+
+def _starts_from_cu(bounds: list[int], total: int, device: torch.device) -> torch.Tensor:
+    starts = torch.zeros(total, dtype=torch.bool, device=device)
+    starts[torch.tensor(bounds[:-1], device=device)] = True
+    return starts
+
+
+def _starts_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
+    """`(B * T,)` bool: True where a token's `seq_idx` differs from its left neighbour's, and at every row start."""
+    rows = seq_idx.reshape(-1, seq_idx.shape[-1])
+    starts = torch.ones_like(rows, dtype=torch.bool)
+    starts[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    return starts.reshape(-1)
+
+
+def _starts_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """`(B * T,)` bool: True where the position does not grow by one (the rule of transformers' mask builders)."""
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    starts = torch.ones_like(rows, dtype=torch.bool)
+    starts[:, 1:] = rows[:, 1:] - rows[:, :-1] != 1
+    return starts.reshape(-1)
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Index of the first token where two start masks differ, or None when they agree (one host sync)."""
+    differ = torch.nonzero(a != b)
+    return int(differ[0, 0]) if differ.numel() else None
+
+
+def _check_cu_seqlens(arguments: dict, total: int) -> list[int]:
+    """`cu_seq_lens_q` as Python ints after checking it against the batch, `cu_seq_lens_k` and `max_length_q/k`."""
+    cu_q, cu_k = arguments.get("cu_seq_lens_q"), arguments.get("cu_seq_lens_k")
+    if cu_q is None:
+        cu_q = cu_k
+    if cu_q.dim() != 1 or cu_q.dtype.is_floating_point or cu_q.numel() < 2:
+        raise ValueError(
+            f"`cu_seq_lens_q` must be a 1-D integer tensor `[0, ..., total_tokens]`, got shape {tuple(cu_q.shape)} "
+            f"and dtype {cu_q.dtype}; build it with `flatcollate.DataCollatorWithFlattening`."
+        )
+    bounds = host_boundaries(cu_q)
+    if bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(
+            f"`cu_seq_lens_q` starts at {bounds[0]} and ends at {bounds[-1]}, but the batch holds {total} tokens; "
+            "it must run from 0 to the number of tokens. Collate the batch and its boundaries together."
+        )
+    lengths = np.diff(bounds)
+    if lengths.min() < 1:
+        raise ValueError(
+            f"`cu_seq_lens_q` must be strictly increasing (every sequence at least one token), got {bounds[:12]}."
+        )
+    if cu_k is not None and cu_k is not cu_q and (cu_k.shape != cu_q.shape or not torch.equal(cu_k.cpu(), cu_q.cpu())):
+        raise ValueError(
+            "`cu_seq_lens_k` differs from `cu_seq_lens_q`; a flattened training batch attends within each sequence "
+            "only, so both must hold the same boundaries."
+        )
+    longest = int(lengths.max())
+    for key in ("max_length_q", "max_length_k"):
+        value = arguments.get(key)
+        if value is not None and int(value) < longest:
+            raise ValueError(
+                f"`{key}` is {int(value)} but the longest sequence of `cu_seq_lens_q` has {longest} tokens; kernels "
+                f"would read past it. Pass `{key}={longest}` (the collator computes it)."
+            )
+    return bounds
+
+
+def check_boundaries(arguments: dict) -> torch.Tensor | None:
+    """Refuse boundary arguments that disagree; return restarting `position_ids` when the batch has none.
+
+    Args:
+        arguments (`dict`): the forward's arguments; reads `input_ids` / `inputs_embeds`, `cu_seq_lens_q/k`,
+            `max_length_q/k`, `seq_idx` `(B, T)` and `position_ids` `(B, T)`.
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)`, int64: positions restarting at 0 at every boundary, to pass to the model
+        because `position_ids` is missing; None when the batch already has them (checked) or has no boundaries.
+
+    Raises:
+        `ValueError` naming the argument that disagrees and the first token where it does.
+    """
+    shape = _token_count(arguments)
+    if shape is None or not any(arguments.get(key) is not None for key in BOUNDARY_KEYS):
+        return None
+    rows, length, device = shape
+    total = rows * length
+    starts, source = None, None
+    if arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None:
+        starts, source = _starts_from_cu(_check_cu_seqlens(arguments, total), total, device), "cu_seq_lens_q"
+    seq_idx = arguments.get("seq_idx")
+    if seq_idx is not None:
+        if seq_idx.numel() != total:
+            raise ValueError(f"`seq_idx` has {seq_idx.numel()} entries but the batch holds {total} tokens.")
+        from_seq_idx = _starts_from_seq_idx(seq_idx.to(device))
+        if starts is None:
+            starts, source = from_seq_idx, "seq_idx"
+        elif (token := _first_difference(from_seq_idx, starts)) is not None:
+            raise ValueError(
+                f"`seq_idx` and `cu_seq_lens_q` disagree on where sequences start (first at token {token}); collate "
+                "the batch with `flatcollate.DataCollatorWithFlattening`, which derives both from the same lengths."
+            )
+    position_ids = arguments.get("position_ids")
+    if position_ids is None:
+        # Positions restart at 0 at every start: token index minus the index of its sequence's first token.
+        index = torch.arange(total, device=device)
+        first = torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=0).values
+        return (index - first).to(IDS_DTYPE).reshape(rows, length)
+    if position_ids.dim() > 2 or position_ids.numel() != total:
+        raise ValueError(
+            f"`position_ids` of shape {tuple(position_ids.shape)} cannot be checked against `{source}` for a batch "
+            f"of {rows} x {length} tokens: flattened batches take text positions of shape (batch, sequence_length)."
+        )
+    token = _first_difference(_starts_from_positions(position_ids.to(device)), starts)
+    if token is not None:
+        happens = "a sequence starts there but the positions go on" if starts[token] else "they restart inside one"
+        raise ValueError(
+            f"`position_ids` do not restart where `{source}` starts sequences (first at token {token}: {happens}). "
+            "Sequences would share positions or attention. Let the collator emit positions "
+            "(`DataCollatorWithFlattening(return_position_ids=True)`) or leave `position_ids` out, and flatcollate "
+            "derives them from the boundaries."
+        )
+    return None
