@@ -8,7 +8,8 @@ Resume, by kind of source:
 
 - random access (`list`, `tuple`, a map-style `datasets.Dataset`, anything with `__len__` and `__getitem__`): the
   state is the cursor; nothing consumed is read again.
-- `datasets.IterableDataset`: the state holds the dataset's own `state_dict()`; nothing consumed is read again.
+- `datasets.IterableDataset`: the state holds the dataset's own `state_dict()`; nothing consumed is read again. One
+  shuffled with `.shuffle(buffer_size=...)` is refused: that state does not hold the buffer's rows.
 - any other iterable: the state is the number of rows passed; resuming iterates the source again from its start and
   discards that many rows without encoding them.
 """
@@ -96,6 +97,14 @@ class IterableSource(RowSource):
         self._replay = 0
         self._inner_state: dict | None = None
         self._hf = _is_hf_iterable(rows)
+        if self._hf and _has_shuffle_buffer(rows):
+            raise ValueError(
+                "This `datasets.IterableDataset` was shuffled with `.shuffle(buffer_size=...)`; the rows in its "
+                "shuffle buffer are not part of its `state_dict()`, so a stream read from it cannot be resumed "
+                "without losing them. Shuffle before streaming instead: pass a map-style dataset shuffled with "
+                "`Dataset.shuffle(seed=...)` (or its `.to_iterable_dataset()`), or shuffle the order of the source "
+                "files with a fixed seed."
+            )
 
     def _advance(self, take: bool) -> Any:
         if self._iterator is None:
@@ -229,6 +238,20 @@ def interleave(sources: Sequence[Iterable], probabilities: Sequence[float], seed
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise TypeError(f"`seed` must be an int, got {seed!r}.")
     return InterleavedSource([as_source(source) for source in sources], weights / weights.sum(), int(seed))
+
+
+def _has_shuffle_buffer(dataset: Any) -> bool:
+    """Whether a `datasets.IterableDataset` draws rows through a shuffle buffer anywhere in its pipeline."""
+    from datasets.iterable_dataset import BufferShuffledExamplesIterable
+
+    # Walk the chain of wrapped example iterables (map, filter, interleave...) down to the data files.
+    nodes = [dataset._ex_iterable]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, BufferShuffledExamplesIterable):
+            return True
+        nodes += [node.ex_iterable] if hasattr(node, "ex_iterable") else list(getattr(node, "ex_iterables", []))
+    return False
 
 
 def _is_hf_iterable(rows: Any) -> bool:
