@@ -4,15 +4,18 @@ from .dart import make_supervised_dset
 from .dataset import PackedDataset, PackingStats, pack_dataset
 from .encode import Encoder, build_encoder
 from .packing import pack_lengths, split_lengths
+from .prompt_templates import BUILTIN_TEMPLATES, load_template
+from .row_errors import RowError, SkippedRow
 from .sampler import TokenBudgetBatchSampler, balanced_batches
 from .supervised import load_source, make_supervised_dataset
-from .prompt_templates import BUILTIN_TEMPLATES, load_template
 
 __all__ = [
     "BUILTIN_TEMPLATES",
     "Encoder",
     "PackedDataset",
     "PackingStats",
+    "RowError",
+    "SkippedRow",
     "TokenBudgetBatchSampler",
     "balanced_batches",
     "build_encoder",

@@ -1,22 +1,27 @@
-"""Chat conversations to `input_ids` and an assistant-token mask, exact against `apply_chat_template`.
+"""Chat conversations to `input_ids` and a mask of the tokens the assistant writes, in one rendering.
 
-Two routes, chosen per template:
+The conversation is rendered once with the chat template and tokenized once with character offsets
+(`add_special_tokens=False`: the template writes BOS and the other special tokens itself), so `input_ids` are exactly
+`apply_chat_template(tokenize=True)`. Each reply's content is found in the rendered text, in order, and the tokens
+overlapping it and the end-of-turn text after it are marked (the rule is in `flatcollate.data.spans`)::
 
-- the template has `{% generation %}` markers: the tokenizer returns `assistant_masks` itself
-  (`return_assistant_tokens_mask=True`);
-- otherwise the conversation is rendered turn by turn. Assistant turn `k` spans the tokens between the rendering of
-  `messages[:k]` with the generation prompt and the rendering of `messages[:k + 1]`, so it covers the reply and its
-  end-of-turn token. Every partial rendering must tokenize to an exact prefix of the full conversation's tokens;
-  where a template renders a turn differently in context, a `ValueError` says so instead of guessing::
+    text    <|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n | yo<|im_end|>\\n
+    mask     0 ..............................................  0 | 1 ..........  1
 
-      tokens  <|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n | yo<|im_end|>\\n
-      mask     0 ..............................................  0 | 1 ...........  1
+What a template writes before and after a reply is learnt once per template from a probe conversation. A template's
+`{% generation %}` markers are not needed; `ChatRenderer.generation_mask` returns them to cross-check the offsets.
 """
 
+import logging
 from collections.abc import Sequence
 
 import jinja2
 import numpy as np
+
+from .row_errors import RowError
+from .spans import reply_spans, tokens_in_spans
+
+logger = logging.getLogger(__name__)
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
@@ -29,43 +34,57 @@ SHAREGPT_ROLES = {
     "observation": "tool",
     "tool": "tool",
 }
+_PROBE_USER, _PROBE_REPLY = "flatcollate probe question", "flatcollate probe reply"
 
 
-def check_messages(messages, *, index: int | None, field: str) -> list[dict]:
-    """Validate a conversation: a list of `{"role", "content"}` dicts with known roles and non-empty string content."""
-    where = f"row {index}: field {field!r}" if index is not None else f"field {field!r}"
+def check_messages(messages, *, where: str) -> list[dict]:
+    """Validate a conversation: `{"role", "content": str}` dicts with known roles, at least one assistant message,
+    ending on one. Empty contents are allowed: the template renders them like any other text.
+
+    Raises:
+        `RowError` with reason `bad_message`, `unknown_role`, `no_assistant` or `ends_without_reply`.
+    """
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
-        raise ValueError(f"{where} must be a non-empty list of messages, got {messages!r:.80}.")
-    out = []
+        raise RowError(f"{where} must be a non-empty list of messages, got {messages!r:.80}.", reason="bad_message")
     for turn, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise ValueError(
-                f"{where}, message {turn}: expected a dict with 'role' and 'content', got {message!r:.80}."
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str) or "role" not in message:
+            raise RowError(
+                f"{where}, message {turn}: expected a dict with 'role' and a string 'content', got {message!r:.80}.",
+                reason="bad_message",
             )
         if message["role"] not in ROLES:
-            raise ValueError(f"{where}, message {turn}: role {message['role']!r} is not one of {ROLES}.")
-        if not isinstance(message["content"], str) or not message["content"].strip():
-            raise ValueError(
-                f"{where}, message {turn}: content must be a non-empty string, got {message['content']!r:.80}."
+            raise RowError(
+                f"{where}, message {turn}: role {message['role']!r} is not one of {ROLES}.", reason="unknown_role"
             )
-        out.append(message)
-    if not any(m["role"] == "assistant" for m in out):
-        raise ValueError(f"{where}: no assistant message, so there is nothing to train on.")
-    return out
+    if not any(m["role"] == "assistant" for m in messages):
+        raise RowError(f"{where}: no assistant message, so there is nothing to train on.", reason="no_assistant")
+    if messages[-1]["role"] != "assistant":
+        raise RowError(
+            f"{where}: the last message ({len(messages) - 1}, {messages[-1]['role']}) is not an assistant reply; "
+            "drop the turns after the last reply or pass on_error='skip'.",
+            reason="ends_without_reply",
+        )
+    return list(messages)
 
 
-def sharegpt_to_messages(conversations, *, index: int | None, field: str) -> list[dict]:
+def sharegpt_to_messages(conversations, *, where: str) -> list[dict]:
     """ShareGPT `[{"from", "value"}]` turns to `[{"role", "content"}]` (`function_call` is an assistant turn and
-    `observation` a tool turn)."""
-    where = f"row {index}: field {field!r}" if index is not None else f"field {field!r}"
+    `observation` a tool turn).
+
+    >>> sharegpt_to_messages([{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}], where="row 0")
+    [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}]
+    """
     if not isinstance(conversations, Sequence) or isinstance(conversations, str):
-        raise ValueError(f"{where} must be a list of {{'from', 'value'}} turns, got {conversations!r:.80}.")
+        raise RowError(
+            f"{where} must be a list of {{'from', 'value'}} turns, got {conversations!r:.80}.", reason="bad_message"
+        )
     messages = []
     for turn, item in enumerate(conversations):
         if not isinstance(item, dict) or item.get("from") not in SHAREGPT_ROLES or "value" not in item:
-            raise ValueError(
+            raise RowError(
                 f"{where}, turn {turn}: expected {{'from': one of {sorted(SHAREGPT_ROLES)}, 'value': str}}, "
-                f"got {item!r:.80}."
+                f"got {item!r:.80}.",
+                reason="unknown_role" if isinstance(item, dict) and "value" in item else "bad_message",
             )
         messages.append({"role": SHAREGPT_ROLES[item["from"]], "content": item["value"]})
     return messages
@@ -76,10 +95,11 @@ def has_generation_markers(template: str | None) -> bool:
 
 
 class ChatRenderer:
-    """Render conversations with a tokenizer's chat template and mark assistant tokens.
+    """Render conversations with a chat template and mark the tokens of the assistant's replies.
 
     Args:
-        tokenizer (`PreTrainedTokenizerBase`): has a chat template, or gets one from `chat_template`.
+        tokenizer (`PreTrainedTokenizerFast`): a fast tokenizer (character offsets are needed) with a chat template,
+            or one given by `chat_template`.
         chat_template (`str`, *optional*): a Jinja template to use instead of the tokenizer's.
         template_kwargs (`dict`, *optional*): extra template variables, e.g. `{"date_string": "26 Jul 2024"}`.
     """
@@ -92,8 +112,13 @@ class ChatRenderer:
                 f"{type(tokenizer).__name__} {tokenizer.name_or_path!r} has no chat template; pass chat_template=..., "
                 "or use format='instruction' with a prompt template."
             )
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError(
+                f"{type(tokenizer).__name__} is a slow tokenizer; labels are placed by character offsets, which need "
+                "a fast one: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
+            )
         self.template_kwargs = dict(template_kwargs or {})
-        self.use_markers = has_generation_markers(self.chat_template)
+        self.reply_prefix, self.reply_suffix = self._probe()
 
     def render(self, messages: list[dict], *, tools=None, add_generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(
@@ -105,53 +130,68 @@ class ChatRenderer:
             **self.template_kwargs,
         )
 
-    def tokens(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def _probe(self) -> tuple[str, str]:
+        """What the template writes right before a reply (its generation prompt) and right after one (end of turn)."""
+        user = {"role": "user", "content": _PROBE_USER}
+        for head in ([], [{"role": "system", "content": "flatcollate probe system"}]):
+            try:
+                whole = self.render([*head, user, {"role": "assistant", "content": _PROBE_REPLY}])
+                prompt = self.render([*head, user])
+                with_header = self.render([*head, user], add_generation_prompt=True)
+            except jinja2.TemplateError:
+                continue
+            suffix = whole[whole.rfind(_PROBE_REPLY) + len(_PROBE_REPLY) :] if _PROBE_REPLY in whole else ""
+            prefix = with_header[len(prompt) :] if with_header.startswith(prompt) else ""
+            return prefix, suffix
+        logger.warning(
+            "the chat template refused a probe conversation (user, assistant); the end-of-turn text after each reply "
+            "is unknown, so only the replies' own tokens are trained."
+        )
+        return "", ""
 
-    def encode(self, messages: list[dict], *, tools=None, index: int | None = None, field: str = "messages"):
-        """Token ids of the whole conversation and a 0/1 mask of the tokens the assistant writes.
+    def encode(self, messages: list[dict], *, tools=None, where: str = "messages") -> tuple[list[int], np.ndarray]:
+        """Token ids of the whole conversation and a mask of the tokens the assistant writes.
+
+        Args:
+            messages (`list[dict]`): checked with `check_messages`.
+            tools (`list`, *optional*): tool definitions passed to the template.
+            where (`str`): row and field, for error messages.
 
         Returns:
-            `(input_ids, assistant_mask)`: `list[int]` and `np.ndarray` of shape `(T,)`, int8.
+            `(input_ids, mask)`: `list[int]` of length `T` (equal to `apply_chat_template(tokenize=True)`) and
+            `np.ndarray` of shape `(T,)`, bool.
+
+        Raises:
+            `RowError` with reason `template_error`, `template_drops_content` or `nothing_to_train`.
         """
-        where = f"row {index}: field {field!r}" if index is not None else f"field {field!r}"
         try:
-            if self.use_markers:
-                out = self.tokenizer.apply_chat_template(
-                    messages,
-                    tools=tools,
-                    chat_template=self.chat_template,
-                    tokenize=True,
-                    return_dict=True,
-                    return_assistant_tokens_mask=True,
-                    **self.template_kwargs,
-                )
-                return list(out["input_ids"]), np.asarray(out["assistant_masks"], dtype=np.int8)
-            return self._encode_by_prefixes(messages, tools=tools, where=where)
+            text = self.render(messages, tools=tools)
         except jinja2.TemplateError as err:
-            raise ValueError(f"{where}: the chat template rejected the conversation: {err}") from err
+            message = f"{where}: the chat template rejected the conversation: {err}"
+            raise RowError(message, reason="template_error") from err
+        spans = reply_spans(text, messages, reply_prefix=self.reply_prefix, reply_suffix=self.reply_suffix, where=where)
+        encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        mask = tokens_in_spans(offsets, spans)
+        if not mask.any():
+            raise RowError(f"{where}: the assistant replies render no tokens.", reason="nothing_to_train")
+        return encoding["input_ids"], mask
 
-    def _encode_by_prefixes(self, messages: list[dict], *, tools, where: str):
-        ids = self.tokens(self.render(messages, tools=tools))
-        mask = np.zeros(len(ids), dtype=np.int8)
-        # One rendering per assistant turn: the span of a turn is where its prefix renderings differ.
-        for k, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            start = self._prefix_length(messages[:k], ids, tools=tools, where=where, generation=True)
-            end = self._prefix_length(messages[: k + 1], ids, tools=tools, where=where, generation=False)
-            if end <= start:
-                raise ValueError(f"{where}, message {k}: the chat template renders no tokens for this reply.")
-            mask[start:end] = 1
-        return ids, mask
+    def generation_mask(self, messages: list[dict], *, tools=None) -> tuple[list[int], np.ndarray]:
+        """The template's own `{% generation %}` mask (`return_assistant_tokens_mask=True`), to cross-check `encode`.
 
-    def _prefix_length(self, messages, ids, *, tools, where: str, generation: bool) -> int:
-        prefix = self.tokens(self.render(messages, tools=tools, add_generation_prompt=generation))
-        if prefix != ids[: len(prefix)]:
-            turn = len(messages) - 1
-            raise ValueError(
-                f"{where}: the chat template renders message {turn} differently inside the whole conversation than "
-                "on its own, so assistant tokens cannot be marked exactly; pass a chat_template with "
-                "{% generation %} markers."
-            )
-        return len(prefix)
+        Returns:
+            `(input_ids, mask)`: `apply_chat_template(tokenize=True)` ids, `list[int]` of length `T`, and the mask,
+            `np.ndarray` of shape `(T,)`, bool.
+        """
+        if not has_generation_markers(self.chat_template):
+            raise ValueError("the chat template has no {% generation %} markers; pass one that has them.")
+        out = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=self.chat_template,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            **self.template_kwargs,
+        )
+        return list(out["input_ids"]), np.asarray(out["assistant_masks"], dtype=bool)

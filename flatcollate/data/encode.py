@@ -9,8 +9,11 @@ Formats (`format=`):
 - `"auto"`: picked per example from the fields present, in the order messages, sharegpt, prompt_completion,
   instruction.
 
-Prompt tokens get label -100. Text formats end the answer with the EOS token so the model learns to stop; chat formats
-train on the assistant's tokens including its end-of-turn token.
+Each example is rendered to one text and tokenized once with character offsets; the tokens overlapping the answer
+(the completion, or each assistant reply with the end-of-turn text after it) are trained, the others get label -100
+(rule and picture in `flatcollate.data.spans`). Text formats end the answer with the EOS token so the model learns to
+stop. A row that cannot be encoded raises `RowError` naming the row, the field and the fix, or, with
+`on_error="skip"`, comes back as a `SkippedRow` carrying the reason.
 """
 
 import json
@@ -21,6 +24,8 @@ import numpy as np
 from .._conventions import IGNORE_INDEX
 from .chat import ChatRenderer, check_messages, sharegpt_to_messages
 from .prompt_templates import load_template, render_prompt
+from .row_errors import RowError, RowTypeError, SkippedRow, check_on_error
+from .spans import tokens_in_spans
 
 FORMATS = ("auto", "instruction", "prompt_completion", "messages", "sharegpt")
 
@@ -28,7 +33,7 @@ FORMATS = ("auto", "instruction", "prompt_completion", "messages", "sharegpt")
 @dataclass
 class Encoder:
     """Callable `encoder(example, index=None) -> {"input_ids": list[int], "labels": list[int]}`; build with
-    `build_encoder`."""
+    `build_encoder`. With `on_error="skip"` a row that cannot be encoded gives a `SkippedRow` instead of raising."""
 
     tokenizer: object
     format: str = "auto"
@@ -42,6 +47,7 @@ class Encoder:
     conversations_field: str = "conversations"
     tools_field: str = "tools"
     add_eos: bool = True
+    on_error: str = "raise"
     chat: ChatRenderer | None = None
 
     def _format_of(self, example: dict, where: str) -> str:
@@ -55,47 +61,65 @@ class Encoder:
         ):
             if key in example:
                 return name
-        raise ValueError(
+        raise RowError(
             f"{where}: cannot tell the format from fields {sorted(example)}; expected one of "
             f"{self.messages_field!r}, {self.conversations_field!r}, {self.prompt_field!r}+{self.completion_field!r} "
-            f"or {self.query_field!r}+{self.resp_field!r} (set format= and the *_field options)."
+            f"or {self.query_field!r}+{self.resp_field!r} (set format= and the *_field options).",
+            reason="unknown_format",
         )
 
-    def _text(self, example: dict, key: str, where: str, *, optional: bool = False) -> str:
+    def _field(self, example: dict, key: str, where: str):
         if key not in example or example[key] is None:
-            if optional:
-                return ""
-            raise ValueError(f"{where}: missing field {key!r} (fields: {sorted(example)}); set the matching *_field.")
-        value = example[key]
+            raise RowError(
+                f"{where}: missing field {key!r} (fields: {sorted(example)}); set the matching *_field.",
+                reason="missing_field",
+            )
+        return example[key]
+
+    def _text(self, example: dict, key: str, where: str, *, optional: bool = False) -> str:
+        if optional and example.get(key) is None:
+            return ""
+        value = self._field(example, key, where)
         if not isinstance(value, str):
-            raise TypeError(f"{where}: field {key!r} must be a string, got {type(value).__name__} {value!r:.60}.")
+            raise RowTypeError(f"{where}: field {key!r} must be a string, got {type(value).__name__} {value!r:.60}.")
         if not optional and not value.strip():
-            raise ValueError(f"{where}: field {key!r} is empty.")
+            raise RowError(f"{where}: field {key!r} is empty.", reason="empty_field")
         return value
 
     def _text_pair(self, prompt: str, answer: str) -> dict:
-        prompt_ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        answer_ids = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        """Tokenize `prompt + answer` as one text (so merges across the seam are the tokenizer's own) and train the
+        tokens overlapping the answer's characters, then EOS."""
+        text = prompt + answer
+        encoding = self.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+        ids = list(encoding["input_ids"])
+        offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        trained = tokens_in_spans(offsets, np.array([[len(prompt), len(text)]], dtype=np.int64))
         eos = self.tokenizer.eos_token_id
-        if self.add_eos and eos is not None and (not answer_ids or answer_ids[-1] != eos):
-            answer_ids = [*answer_ids, eos]
-        return {"input_ids": prompt_ids + answer_ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + answer_ids}
+        if self.add_eos and eos is not None:
+            if ids and ids[-1] == eos:
+                trained[-1] = True  # the post-processor's own EOS, at zero width
+            else:
+                ids.append(eos)
+                trained = np.append(trained, True)
+        labels = np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
+        return {"input_ids": ids, "labels": labels.tolist()}
 
-    def _chat(self, messages: list[dict], tools, index: int | None, key: str) -> dict:
+    def _chat(self, messages: list[dict], tools, where: str) -> dict:
         if self.chat is None:
-            raise ValueError(
-                f"row {index}: field {key!r} is a conversation but the tokenizer has no chat template; pass "
-                "chat_template=... to build_encoder."
+            raise RowError(
+                f"{where} is a conversation but the tokenizer has no chat template; pass chat_template=... to "
+                "build_encoder.",
+                reason="no_chat_template",
             )
-        messages = check_messages(messages, index=index, field=key)
-        ids, mask = self.chat.encode(messages, tools=tools, index=index, field=key)
-        labels = np.where(mask.astype(bool), np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
+        ids, mask = self.chat.encode(check_messages(messages, where=where), tools=tools, where=where)
+        labels = np.where(mask, np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
         return {"input_ids": list(ids), "labels": labels.tolist()}
 
-    def __call__(self, example: dict, index: int | None = None) -> dict:
+    def encode(self, example: dict, index: int | None = None) -> dict:
+        """Like calling the encoder, but always raises `RowError` for a bad row."""
         where = f"row {index}" if index is not None else "example"
         if not isinstance(example, dict):
-            raise TypeError(f"{where}: expected a dict of fields, got {type(example).__name__}.")
+            raise RowTypeError(f"{where}: expected a dict of fields, got {type(example).__name__}.")
         fmt = self._format_of(example, where)
         if fmt == "instruction":
             query = self._text(example, self.query_field, where)
@@ -106,19 +130,27 @@ class Encoder:
             prompt = self._text(example, self.prompt_field, where)
             return self._text_pair(prompt, self._text(example, self.completion_field, where))
         if fmt == "messages":
-            if self.messages_field not in example:
-                raise ValueError(f"{where}: missing field {self.messages_field!r} (fields: {sorted(example)}).")
-            return self._chat(example[self.messages_field], None, index, self.messages_field)
-        if self.conversations_field not in example:
-            raise ValueError(f"{where}: missing field {self.conversations_field!r} (fields: {sorted(example)}).")
-        messages = sharegpt_to_messages(example[self.conversations_field], index=index, field=self.conversations_field)
+            key = self.messages_field
+            return self._chat(self._field(example, key, where), None, f"{where}: field {key!r}")
+        key = self.conversations_field
+        messages = sharegpt_to_messages(self._field(example, key, where), where=f"{where}: field {key!r}")
         tools = example.get(self.tools_field) or None
         if isinstance(tools, str):
             try:
                 tools = json.loads(tools)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: field {self.tools_field!r} is not valid JSON ({err}).") from err
-        return self._chat(messages, tools, index, self.conversations_field)
+                raise RowError(
+                    f"{where}: field {self.tools_field!r} is not valid JSON ({err}).", reason="wrong_type"
+                ) from err
+        return self._chat(messages, tools, f"{where}: field {key!r}")
+
+    def __call__(self, example: dict, index: int | None = None) -> dict | SkippedRow:
+        try:
+            return self.encode(example, index)
+        except RowError as err:
+            if self.on_error == "raise":
+                raise
+            return SkippedRow(index, err.reason, str(err))
 
 
 def build_encoder(
@@ -129,31 +161,43 @@ def build_encoder(
     chat_template: str | None = None,
     chat_template_kwargs: dict | None = None,
     add_eos: bool = True,
+    on_error: str = "raise",
     **fields: str,
 ) -> Encoder:
     """A picklable per-example encoder.
 
+    Every format renders the whole example to one text, tokenizes it once with character offsets, and trains the
+    tokens that overlap the answer (see `flatcollate.data.spans` for the rule), so `input_ids` are the tokenization
+    of the whole text: exactly `apply_chat_template(tokenize=True)` for conversations.
+
     Args:
-        tokenizer (`PreTrainedTokenizerBase`).
+        tokenizer (`PreTrainedTokenizerFast`): fast (character offsets are needed).
         format (`str`, *optional*, defaults to `"auto"`): one of `"auto"`, `"instruction"`, `"prompt_completion"`,
             `"messages"`, `"sharegpt"`.
         template (`str` or `dict`, *optional*, defaults to `"alpaca"`): prompt template for `"instruction"` rows (see
             `flatcollate.data.prompt_templates`).
-        chat_template (`str`, *optional*): Jinja chat template replacing the tokenizer's; one with
-            `{% generation %}` markers gives the assistant mask directly.
+        chat_template (`str`, *optional*): Jinja chat template replacing the tokenizer's.
         chat_template_kwargs (`dict`, *optional*): extra template variables, e.g. `{"date_string": "26 Jul 2024"}`.
         add_eos (`bool`, *optional*, defaults to `True`): end text answers with the EOS token (trained on).
+        on_error (`str`, *optional*, defaults to `"raise"`): `"raise"` a `RowError` for a row that cannot be
+            encoded, or `"skip"`: return a `SkippedRow(index, reason, message)` for it.
         **fields: `query_field`, `resp_field`, `input_field`, `prompt_field`, `completion_field`, `messages_field`,
             `conversations_field`, `tools_field`.
 
     Returns:
-        `Encoder`: `encoder(example, index=None)` -> `{"input_ids": list[int], "labels": list[int]}`.
+        `Encoder`: `encoder(example, index=None)` -> `{"input_ids": list[int], "labels": list[int]}` or `SkippedRow`.
     """
     if format not in FORMATS:
         raise ValueError(f"format={format!r} is not one of {FORMATS}.")
+    check_on_error(on_error)
     unknown = set(fields) - {f for f in Encoder.__dataclass_fields__ if f.endswith("_field")}
     if unknown:
         raise TypeError(f"unknown options {sorted(unknown)}; field options end in '_field'.")
+    if not getattr(tokenizer, "is_fast", False):
+        raise TypeError(
+            f"{type(tokenizer).__name__} is a slow tokenizer; labels are placed by character offsets, which need a "
+            "fast one: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
+        )
     needs_chat = format in ("messages", "sharegpt") or (format == "auto" and (chat_template or tokenizer.chat_template))
     chat = None
     if needs_chat:
@@ -163,6 +207,7 @@ def build_encoder(
         format=format,
         template=load_template(template),
         add_eos=add_eos,
+        on_error=on_error,
         chat=chat,
         **fields,
     )

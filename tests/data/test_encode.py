@@ -66,22 +66,6 @@ def test_chat_labels_are_each_reply_and_its_end_of_turn(tokenizers, shared_data,
             assert tok.decode(span).lstrip() == reply.strip() + end_of_turn
 
 
-def test_generation_markers_give_the_mask(tokenizers, shared_data):
-    tok = tokenizers("qwen2.5-instruct")
-    template = (shared_data / "chat_templates" / "qwen2_5_training.jinja").read_text()
-    encoder = build_encoder(tok, format="messages", chat_template=template)
-    plain = build_encoder(tok, format="messages")
-    for i, row in enumerate(read_jsonl(shared_data / "datasets" / "hh_rlhf_harmless_base_test_messages.jsonl", 20)):
-        out, ref = encoder(row, index=i), plain(row, index=i)
-        assert out["input_ids"] == ref["input_ids"]
-        marked = tok.apply_chat_template(
-            row["messages"], chat_template=template, return_dict=True, return_assistant_tokens_mask=True
-        )["assistant_masks"]
-        expected = np.where(np.array(marked) == 1, out["input_ids"], -100).tolist()
-        assert out["labels"] == expected
-        assert all(span[-2] == tok.convert_tokens_to_ids("<|im_end|>") for span in labeled_spans(out["labels"]))
-
-
 def test_sharegpt_with_tools(tokenizers, shared_data):
     tok = tokenizers("qwen2.5-instruct")
     encoder = build_encoder(tok, format="sharegpt")
@@ -97,46 +81,85 @@ def test_sharegpt_with_tools(tokenizers, shared_data):
         assert [tok.decode(s) for s in spans] == [r + "<|im_end|>\n" for r in replies]
 
 
-@pytest.mark.parametrize("tokenizer_name", ["gpt2", "qwen2.5-instruct"])
+def reference_labels(tok, prompt, answer):
+    """Slow reference: tokenize the whole text, train each token whose characters overlap the answer, then EOS."""
+    text = prompt + answer
+    enc = tok(text, return_offsets_mapping=True)
+    pairs = zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+    labels = [t if a < len(text) and len(prompt) < b else -100 for t, (a, b) in pairs]
+    return [*enc["input_ids"], tok.eos_token_id], [*labels, tok.eos_token_id]
+
+
+@pytest.mark.parametrize("tokenizer_name", ["gpt2", "qwen2.5-instruct", "mistral-7b-instruct-v0.2"])
 def test_instruction_rows_train_on_answer_and_eos(tokenizers, shared_data, tokenizer_name):
+    """100 GSM8K rows through the alpaca template: the whole text is tokenized once."""
     tok = tokenizers(tokenizer_name)
     encoder = build_encoder(tok, format="instruction", query_field="question", resp_field="answer")
     template = load_template("alpaca")
     for i, row in enumerate(read_jsonl(shared_data / "datasets" / "gsm8k_train.jsonl", 100)):
         out = encoder(row, index=i)
-        prompt = tok(render_prompt(template, row["question"]))["input_ids"]
-        answer = [*tok(row["answer"], add_special_tokens=False)["input_ids"], tok.eos_token_id]
-        assert out["input_ids"] == prompt + answer
-        assert out["labels"] == [-100] * len(prompt) + answer
+        assert (out["input_ids"], out["labels"]) == reference_labels(
+            tok, render_prompt(template, row["question"]), row["answer"]
+        )
+        assert tok.decode([t for t in out["labels"] if t != -100]).strip().startswith(row["answer"][:20].strip())
 
 
 def test_alpaca_input_field_and_prompt_completion(tokenizers, shared_data):
+    """100 CodeAlpaca rows (with and without `input`) and 50 T0 prompt/completion rows, GPT-2."""
     tok = tokenizers("gpt2")
     rows = json.loads((shared_data / "datasets" / "code_alpaca_2k.json").read_text())[:100]
     encoder = build_encoder(tok, query_field="instruction", resp_field="output")
     template = load_template("alpaca")
     for i, row in enumerate(rows):
         out = encoder(row, index=i)
-        prompt = tok(render_prompt(template, row["instruction"], row["input"]))["input_ids"]
-        assert out["labels"][: len(prompt)] == [-100] * len(prompt)
-        assert tok.decode(out["input_ids"][: len(prompt)]) == render_prompt(template, row["instruction"], row["input"])
-    t0 = read_jsonl(shared_data / "datasets" / "t0_mix_7k.jsonl", 50)
+        prompt = render_prompt(template, row["instruction"], row["input"])
+        assert (out["input_ids"], out["labels"]) == reference_labels(tok, prompt, row["output"])
     encoder = build_encoder(tok, format="prompt_completion")
-    for i, row in enumerate(t0):
+    for i, row in enumerate(read_jsonl(shared_data / "datasets" / "t0_mix_7k.jsonl", 50)):
         out = encoder(row, index=i)
-        n = len(tok(row["prompt"])["input_ids"])
-        assert out["labels"] == [-100] * n + out["input_ids"][n:]
-        assert out["input_ids"][-1] == tok.eos_token_id
+        assert (out["input_ids"], out["labels"]) == reference_labels(tok, row["prompt"], row["completion"])
 
 
-def test_template_that_cannot_be_matched_raises(tokenizers):
+def test_prompt_completion_is_tokenized_as_one_text(tokenizers):
+    """SentencePiece adds "▁" to a completion tokenized on its own: "->" + "cat" must stay "->cat"."""
+    tok = tokenizers("mistral-7b-instruct-v0.2")
+    out = build_encoder(tok, format="prompt_completion")({"prompt": "Translate: chat ->", "completion": "cat"})
+    assert out["input_ids"] == [*tok("Translate: chat ->cat")["input_ids"], tok.eos_token_id]
+    assert tok.convert_ids_to_tokens([t for t in out["labels"] if t != -100]) == ["cat", "</s>"]
+    # After the alpaca prompt's final "\n" the whole text has "The"; the answer on its own would be "▁The".
+    out = build_encoder(tok, format="instruction")({"query": "2 + 2?", "response": "The answer is 4."})
+    prompt = render_prompt(load_template("alpaca"), "2 + 2?")
+    assert out["input_ids"] == [*tok(prompt + "The answer is 4.")["input_ids"], tok.eos_token_id]
+    assert tok.convert_ids_to_tokens([t for t in out["labels"] if t != -100])[:2] == ["The", "▁answer"]
+
+
+def test_a_token_across_the_seam_is_trained(tokenizers, shared_data):
+    """Random cut points inside 200 GSM8K texts (GPT-2): labels equal the slow reference, and a token that straddles
+    the cut (it carries answer characters) is trained."""
+    tok = tokenizers("gpt2")
+    encoder = build_encoder(tok, format="prompt_completion")
+    rng = np.random.default_rng(0)
+    straddled = 0
+    for i, row in enumerate(read_jsonl(shared_data / "datasets" / "gsm8k_train.jsonl", 200)):
+        text = row["question"] + " " + row["answer"]
+        cut = int(rng.integers(1, len(text) - 1))
+        out = encoder({"prompt": text[:cut], "completion": text[cut:]}, index=i)
+        assert (out["input_ids"], out["labels"]) == reference_labels(tok, text[:cut], text[cut:])
+        offsets = tok(text, return_offsets_mapping=True)["offset_mapping"]
+        straddled += any(a < cut < b for a, b in offsets)
+    assert straddled > 50
+
+
+def test_a_header_that_depends_on_the_whole_conversation(tokenizers):
+    """The template writes the message count first, so no partial rendering is a prefix of the whole; one
+    rendering does not need it to be."""
     tok = tokenizers("qwen2.5-instruct")
-    # The header counts every message, so a partial rendering is never a prefix of the whole.
     template = "{{ messages|length }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     encoder = build_encoder(tok, format="messages", chat_template=template)
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    with pytest.raises(ValueError, match=r"row 3: field 'messages'.*renders message .* differently.*generation"):
-        encoder({"messages": messages}, index=3)
+    out = encoder({"messages": messages}, index=3)
+    assert out["input_ids"] == tok("2<user>hi<assistant>hello", add_special_tokens=False)["input_ids"]
+    assert tok.decode([t for t in out["labels"] if t != -100]) == "hello"
 
 
 @pytest.mark.parametrize(
@@ -165,8 +188,8 @@ def test_template_that_cannot_be_matched_raises(tokenizers):
         ({"messages": [{"role": "user", "content": "u"}]}, r"row 5: field 'messages': no assistant message"),
         ({"messages": [{"role": "bot", "content": "u"}]}, r"row 5: field 'messages', message 0: role 'bot'"),
         (
-            {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]},
-            r"message 0: content must be a non-empty string",
+            {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "a"}]},
+            r"message 0: expected a dict with 'role' and a string 'content'",
         ),
         ({"messages": []}, r"row 5: field 'messages' must be a non-empty list"),
     ],
