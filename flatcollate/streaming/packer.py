@@ -11,8 +11,10 @@ from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from .bins import STRATEGY_CHOICES, Item, OnlineBins, Strategy, packs_from_state, packs_to_state
 from .examples import OVERLONG_CHOICES, EncodeFn, Overlong, encode_row, fit_to_pack
 from .sources import RowSource, as_source
+from .state import check_state
 
-_STATE_VERSION = 1
+# 2: sources are identified by content, not only by kind and row count.
+_STATE_VERSION = 2
 
 
 class StreamingPacker(IterableDataset):
@@ -37,7 +39,8 @@ class StreamingPacker(IterableDataset):
     Resume: `state_dict()` / `load_state_dict()` (called per worker by `torchdata.stateful_dataloader.
     StatefulDataLoader`) hold the source position and the buffered, already-encoded sequences, so a resumed run yields
     exactly the packs an uninterrupted run yields, without encoding consumed rows again. A state saved under another
-    configuration (pack length, buffer, strategy, sources, rank, world size, worker count) is refused.
+    configuration (pack length, buffer, strategy, rank, world size, worker count) or from other data (sources are
+    compared by kind, size and a content fingerprint) is refused, and so is a corrupted state.
 
     Args:
         source: a list or map-style `datasets.Dataset` (resumes by index), a `datasets.IterableDataset` (resumes from
@@ -180,18 +183,12 @@ class StreamingPacker(IterableDataset):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume the next pass from `state`; raises `ValueError` if it was saved under another configuration."""
-        if not isinstance(state, dict) or "config" not in state:
-            raise TypeError(f"Expected a state from `StreamingPacker.state_dict()`, got {type(state).__name__}.")
-        saved, current = state["config"], self._config()
-        for key in current:
-            if saved.get(key) != current[key]:
-                raise ValueError(
-                    f"Cannot resume: the state was saved with {key}={saved.get(key)!r} but this packer has "
-                    f"{key}={current[key]!r}. Resume with the configuration the state was saved with (same sources, "
-                    "pack_len, buffer_size, strategy, overlong, rank, world_size and DataLoader num_workers), or start "
-                    "from scratch without loading it."
-                )
+        """Resume the next pass from `state`.
+
+        The whole state is checked first (see `flatcollate.streaming.state`): a state saved under another
+        configuration or from other data, or one that is corrupted, raises `ValueError` naming what is wrong.
+        """
+        check_state(state, config=self._config(), source=self.source)
         self._resume = state
 
 

@@ -12,6 +12,8 @@ Resume, by kind of source:
   shuffled with `.shuffle(buffer_size=...)` is refused: that state does not hold the buffer's rows.
 - any other iterable: the state is the number of rows passed; resuming iterates the source again from its start and
   discards that many rows without encoding them.
+
+`fingerprint()` identifies the data (see `fingerprints`), so that a state is only resumed on the data it was saved from.
 """
 
 import copy
@@ -20,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .fingerprints import has_shuffle_buffer, iterable_dataset_fingerprint, sequence_fingerprint
+
 _DRAW_BLOCK = 1024
 
 
@@ -27,7 +31,7 @@ class RowSource:
     """Base class: a cursor over one stream of rows.
 
     Subclasses implement `_advance(take)`, which returns the next row (or `None` when `take` is false) and raises
-    `StopIteration` at the end, plus `fingerprint`, `state_dict` and `load_state_dict`.
+    `StopIteration` at the end, plus `fingerprint`, `state_dict`, `check_state` and `load_state_dict`.
     """
 
     position: int = 0
@@ -60,6 +64,10 @@ class RowSource:
     def state_dict(self) -> dict:
         raise NotImplementedError
 
+    def check_state(self, state: Any) -> str | None:
+        """What is wrong with a saved `state_dict()` of this source (`None` when it can be loaded)."""
+        raise NotImplementedError
+
     def load_state_dict(self, state: dict | None) -> None:
         """Start from `state` (`None`: from the first row). Reading resumes lazily at the next `next_row`."""
         raise NotImplementedError
@@ -71,6 +79,7 @@ class SequenceSource(RowSource):
     def __init__(self, rows: Sequence):
         self.rows = rows
         self.position = 0
+        self._content: str | None = None
 
     def _advance(self, take: bool) -> Any:
         if self.position >= len(self.rows):
@@ -78,10 +87,15 @@ class SequenceSource(RowSource):
         return self.rows[self.position] if take else None
 
     def fingerprint(self) -> dict:
-        return {"kind": "sequence", "num_rows": len(self.rows)}
+        if self._content is None:  # computed once: `state_dict()` runs after every batch
+            self._content = sequence_fingerprint(self.rows)
+        return {"kind": "sequence", "num_rows": len(self.rows), "content": self._content}
 
     def state_dict(self) -> dict:
         return {"position": self.position}
+
+    def check_state(self, state: Any) -> str | None:
+        return _position_problem(state, limit=len(self.rows))
 
     def load_state_dict(self, state: dict | None) -> None:
         self.position = 0 if state is None else int(state["position"])
@@ -97,7 +111,8 @@ class IterableSource(RowSource):
         self._replay = 0
         self._inner_state: dict | None = None
         self._hf = _is_hf_iterable(rows)
-        if self._hf and _has_shuffle_buffer(rows):
+        self._pipeline: str | None = None
+        if self._hf and has_shuffle_buffer(rows):
             raise ValueError(
                 "This `datasets.IterableDataset` was shuffled with `.shuffle(buffer_size=...)`; the rows in its "
                 "shuffle buffer are not part of its `state_dict()`, so a stream read from it cannot be resumed "
@@ -126,13 +141,28 @@ class IterableSource(RowSource):
         return iterator
 
     def fingerprint(self) -> dict:
-        return {"kind": "datasets.IterableDataset" if self._hf else "iterable", "type": type(self.rows).__name__}
+        if not self._hf:  # reading a plain iterable to identify it could cost a pass over it: its type has to do
+            return {"kind": "iterable", "type": type(self.rows).__name__}
+        if self._pipeline is None:
+            self._pipeline = iterable_dataset_fingerprint(self.rows)
+        return {"kind": "datasets.IterableDataset", "type": type(self.rows).__name__, "pipeline": self._pipeline}
 
     def state_dict(self) -> dict:
         state = {"position": self.position}
         if self._hf:
             state["dataset"] = self._dataset.state_dict() if self._iterator is not None else self._inner_state
         return state
+
+    def check_state(self, state: Any) -> str | None:
+        problem = _position_problem(state, limit=None)
+        if problem is None and self._hf:
+            inner = state.get("dataset")
+            if not isinstance(inner, dict) and (inner is not None or state["position"] > 0):
+                return (
+                    f"the source state is at position {state['position']} but holds no `dataset` state of the "
+                    f"`datasets.IterableDataset` (got {type(inner).__name__})"
+                )
+        return problem
 
     def load_state_dict(self, state: dict | None) -> None:
         self._iterator = None
@@ -188,6 +218,24 @@ class InterleavedSource(RowSource):
     def state_dict(self) -> dict:
         return {"position": self.position, "sources": [source.state_dict() for source in self.sources]}
 
+    def check_state(self, state: Any) -> str | None:
+        problem = _position_problem(state, limit=None)
+        if problem is not None:
+            return problem
+        children = state.get("sources")
+        if not isinstance(children, list) or len(children) != len(self.sources):
+            count = len(children) if isinstance(children, list) else type(children).__name__
+            return f"the interleaved source state holds {count} source states for {len(self.sources)} sources"
+        for index, (source, child) in enumerate(zip(self.sources, children, strict=True)):
+            problem = source.check_state(child)
+            if problem is not None:
+                return f"source {index}: {problem}"
+        # Every draw advances exactly one source.
+        total = sum(int(child["position"]) for child in children)
+        if total != state["position"]:
+            return f"the interleaved source made {state['position']} draws but its sources' positions sum to {total}"
+        return None
+
     def load_state_dict(self, state: dict | None) -> None:
         self.position = 0 if state is None else int(state["position"])
         children = [None] * len(self.sources) if state is None else state["sources"]
@@ -240,18 +288,17 @@ def interleave(sources: Sequence[Iterable], probabilities: Sequence[float], seed
     return InterleavedSource([as_source(source) for source in sources], weights / weights.sum(), int(seed))
 
 
-def _has_shuffle_buffer(dataset: Any) -> bool:
-    """Whether a `datasets.IterableDataset` draws rows through a shuffle buffer anywhere in its pipeline."""
-    from datasets.iterable_dataset import BufferShuffledExamplesIterable
-
-    # Walk the chain of wrapped example iterables (map, filter, interleave...) down to the data files.
-    nodes = [dataset._ex_iterable]
-    while nodes:
-        node = nodes.pop()
-        if isinstance(node, BufferShuffledExamplesIterable):
-            return True
-        nodes += [node.ex_iterable] if hasattr(node, "ex_iterable") else list(getattr(node, "ex_iterables", []))
-    return False
+def _position_problem(state: Any, *, limit: int | None) -> str | None:
+    """What is wrong with the `position` of a source state; `limit` is the row count of a sized source."""
+    if not isinstance(state, dict) or "position" not in state:
+        return f"the source state must be a dict with a `position`, got {repr(state)[:80]}"
+    position = state["position"]
+    if not isinstance(position, int | np.integer) or isinstance(position, bool):
+        return f"the source position {position!r} is not an int"
+    if position < 0 or (limit is not None and position > limit):
+        allowed = f"[0, {limit}] (the source's row count)" if limit is not None else ">= 0"
+        return f"the source position {position} is outside {allowed}"
+    return None
 
 
 def _is_hf_iterable(rows: Any) -> bool:
