@@ -25,6 +25,7 @@ import numpy as np
 from .fingerprints import has_shuffle_buffer, iterable_dataset_fingerprint, sequence_fingerprint
 
 _DRAW_BLOCK = 1024
+_END = object()
 
 
 class RowSource:
@@ -136,8 +137,13 @@ class IterableSource(RowSource):
             # worker only some of the dataset's shards, while sharding here is done by row index over the whole stream.
             return ({key: values[0] for key, values in batch.items()} for batch in self._dataset.iter(batch_size=1))
         iterator = iter(self.rows)
-        for _ in range(self._replay):  # replaying consumed rows is the only way back into a plain iterable
-            next(iterator)
+        for replayed in range(self._replay):  # replaying consumed rows is the only way back into a plain iterable
+            if next(iterator, _END) is _END:
+                raise ValueError(
+                    f"Cannot resume: the saved source position {self._replay} is past the end of the source "
+                    f"({replayed} rows). The state is corrupted or belongs to other data; start from scratch without "
+                    "loading it."
+                )
         return iterator
 
     def fingerprint(self) -> dict:

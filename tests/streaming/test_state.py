@@ -208,3 +208,22 @@ def test_example_ids_out_of_stream_order_inside_a_pack_are_refused():
     ids[first], ids[first + 1] = ids[first + 1].clone(), ids[first].clone()
     with pytest.raises(ValueError, match=r"`bins`: example ids decrease inside a pack"):
         new_packer().load_state_dict(state)
+
+
+class Replayed:
+    """A plain re-iterable: its length is unknown until it is read."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def test_plain_iterable_position_past_its_end_is_refused_when_replayed():
+    state = state_after(new_packer(Replayed(make_rows(100))), 3)
+    state["source"]["position"] = 150
+    packer = new_packer(Replayed(make_rows(100)))
+    packer.load_state_dict(state)  # the length of a plain iterable is only known by reading it
+    with pytest.raises(ValueError, match=r"saved source position 150 is past the end of the source \(100 rows\)"):
+        list(packer)
