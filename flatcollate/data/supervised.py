@@ -1,21 +1,40 @@
 """Raw files or datasets to a tokenized supervised dataset (`input_ids`, `labels`), cached by fingerprint.
 
-Sources (JSON arrays, JSONL, optionally gzipped, Parquet, or `datasets.Dataset` objects) are concatenated, shuffled
-with a seed, and encoded by `build_encoder` inside `datasets.map` (batched, `num_proc`, progress bar). With a
-`cache_dir`, the result is stored under a name derived from the data's fingerprint and the encoder's options, so a
-second run with the same inputs loads it instead of tokenizing again.
+Sources (JSON arrays, JSONL, optionally gzipped, Parquet, or `datasets.Dataset` objects) are concatenated, encoded by
+`build_encoder` inside `datasets.map` (batched, `num_proc`, progress bar), and shuffled with a seed. With a
+`cache_dir`, the result is stored under a name derived from the data's fingerprint and everything that decides the
+encoding (`flatcollate.data.fingerprint`), so a second run with the same inputs loads it instead of tokenizing again.
+Rows that cannot be encoded raise, or with `on_error="skip"` are dropped, counted by reason and reported.
 """
 
 import gzip
 import json
+import logging
 import os
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
 from .encode import build_encoder
+from .fingerprint import encoder_fingerprint
+from .row_errors import SkippedRow
+
+logger = logging.getLogger(__name__)
+_SHOWN = 5  # row indices and messages kept per skip reason
+# Declared so that a batch of only skipped rows (empty lists) cannot change the column types.
+_FEATURES = datasets.Features(
+    {
+        "input_ids": datasets.List(datasets.Value("int64")),
+        "labels": datasets.List(datasets.Value("int64")),
+        "skip_reason": datasets.Value("string"),
+        "skip_message": datasets.Value("string"),
+    }
+)
 
 
 def _read_json_rows(path: Path) -> list[dict]:
@@ -64,6 +83,46 @@ def load_source(source: str | os.PathLike | datasets.Dataset) -> datasets.Datase
     raise ValueError(f"{path}: unknown file type; use .json, .jsonl, .jsonl.gz or .parquet, or pass a Dataset.")
 
 
+@dataclass(frozen=True)
+class EncodeStats:
+    """What `make_supervised_dataset(..., return_stats=True)` did with the rows.
+
+    Args:
+        num_rows (`int`): rows read from the sources.
+        num_encoded (`int`): rows in the returned dataset.
+        skipped (`dict[str, int]`): skipped rows per reason (see `flatcollate.data.row_errors`).
+        first_skipped (`dict[str, list[int]]`): the first few skipped row indices per reason, in source order.
+        first_messages (`dict[str, str]`): the error message of the first skipped row per reason.
+    """
+
+    num_rows: int
+    num_encoded: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    first_skipped: dict[str, list[int]] = field(default_factory=dict)
+    first_messages: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"encoded {self.num_encoded} of {self.num_rows} rows"]
+        for reason, count in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
+            rows = ", ".join(map(str, self.first_skipped[reason]))
+            more = ", ..." if count > len(self.first_skipped[reason]) else ""
+            lines.append(f"  skipped {count} ({reason}): rows {rows}{more}; first: {self.first_messages[reason]}")
+        return "\n".join(lines)
+
+
+def _skip_stats(encoded: datasets.Dataset) -> tuple[EncodeStats, np.ndarray]:
+    """Counts of skipped rows by reason, and the indices of the rows kept."""
+    reasons = np.asarray(encoded.data.column("skip_reason").to_numpy(zero_copy_only=False), dtype=object)
+    skipped = np.flatnonzero(reasons != "")
+    counts, first, messages = Counter(reasons[skipped].tolist()), {}, {}
+    for reason in counts:
+        rows = skipped[reasons[skipped] == reason][:_SHOWN]
+        first[reason] = rows.tolist()
+        messages[reason] = encoded[int(rows[0])]["skip_message"]
+    kept = np.flatnonzero(reasons == "")
+    return EncodeStats(len(encoded), len(kept), dict(counts), first, messages), kept
+
+
 def make_supervised_dataset(
     tokenizer,
     data,
@@ -72,39 +131,55 @@ def make_supervised_dataset(
     num_proc: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     batch_size: int = 1000,
+    on_error: str = "raise",
+    return_stats: bool = False,
     **encoder_options,
-) -> datasets.Dataset:
-    """Tokenize raw supervised data into `input_ids` and `labels` (prompt tokens -100).
+) -> datasets.Dataset | tuple[datasets.Dataset, EncodeStats]:
+    """Tokenize raw supervised data into `input_ids` and `labels` (prompt tokens -100), shuffled (seed 42) by default.
 
     Args:
-        tokenizer (`PreTrainedTokenizerBase`).
+        tokenizer (`PreTrainedTokenizerFast`).
         data (path, `datasets.Dataset`, or a list of them): sources, concatenated in order.
-        seed (`int`, *optional*, defaults to 42): shuffle seed; `None` keeps the order.
+        seed (`int`, *optional*, defaults to 42): the rows are shuffled with this seed after encoding; `None` keeps
+            the sources' order.
         num_proc (`int`, *optional*): worker processes for tokenization.
-        cache_dir (`str`, *optional*): where to keep the tokenized dataset, keyed by data and options fingerprint.
+        cache_dir (`str`, *optional*): where to keep the tokenized dataset, keyed by the data's fingerprint and
+            everything that decides the encoding (tokenizer, special tokens, chat template, encoder options,
+            `on_error`, flatcollate version).
         batch_size (`int`, *optional*, defaults to 1000): rows per `datasets.map` batch.
+        on_error (`str`, *optional*, defaults to `"raise"`): `"raise"` the first `RowError`, or `"skip"` rows that
+            cannot be encoded; skipped rows are counted by reason and logged (a warning with the first row indices).
+        return_stats (`bool`, *optional*, defaults to `False`): also return an `EncodeStats`.
         **encoder_options: `format`, `template`, `chat_template`, `chat_template_kwargs`, `add_eos` and the
             `*_field` options of `build_encoder`.
 
     Returns:
         `datasets.Dataset` with `input_ids` and `labels` (lists of int, equal lengths per row); other columns removed.
+        With `return_stats=True`, `(dataset, EncodeStats)`.
     """
     sources = data if isinstance(data, list | tuple) else [data]
     if not sources:
         raise ValueError("data is empty; pass a path, a datasets.Dataset, or a list of them.")
     dataset = datasets.concatenate_datasets([load_source(s) for s in sources])
-    encoder = build_encoder(tokenizer, **encoder_options)
+    encoder = build_encoder(tokenizer, on_error=on_error, **encoder_options)
 
     def encode_batch(batch: dict, indices: list[int]) -> dict:
         rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         # One encoder call per row: templates and tokenizers work on whole examples.
         encoded = [encoder(row, index=i) for row, i in zip(rows, indices, strict=True)]
-        return {"input_ids": [e["input_ids"] for e in encoded], "labels": [e["labels"] for e in encoded]}
+        skips = [e if isinstance(e, SkippedRow) else None for e in encoded]
+        return {
+            "input_ids": [[] if s else e["input_ids"] for e, s in zip(encoded, skips, strict=True)],
+            "labels": [[] if s else e["labels"] for e, s in zip(encoded, skips, strict=True)],
+            "skip_reason": [s.reason if s else "" for s in skips],
+            "skip_message": [s.message if s else "" for s in skips],
+        }
 
+    # Our own key also spares `datasets` from hashing the function, which pickles the whole tokenizer (seconds).
+    key = Hasher.hash([dataset._fingerprint, encoder_fingerprint(encoder)])
     cache_file = None
     if cache_dir is not None:
         os.makedirs(cache_dir, exist_ok=True)
-        key = Hasher.hash([dataset._fingerprint, encoder_options, tokenizer.name_or_path, len(tokenizer)])
         cache_file = str(Path(cache_dir) / f"supervised-{key}.arrow")
     # Encode before shuffling so an error names the row in the order the sources were given.
     encoded = dataset.map(
@@ -113,9 +188,18 @@ def make_supervised_dataset(
         batch_size=batch_size,
         with_indices=True,
         remove_columns=dataset.column_names,
+        features=_FEATURES,
+        new_fingerprint=key,
         num_proc=num_proc,
         cache_file_name=cache_file,
         load_from_cache_file=cache_file is not None,
         desc="Tokenizing",
     )
-    return encoded.shuffle(seed=seed) if seed is not None else encoded
+    stats, kept = _skip_stats(encoded)
+    if stats.skipped:
+        logger.warning("make_supervised_dataset: %s", stats)
+        encoded = encoded.select(kept)
+    encoded = encoded.remove_columns(["skip_reason", "skip_message"])
+    if seed is not None:
+        encoded = encoded.shuffle(seed=seed)
+    return (encoded, stats) if return_stats else encoded

@@ -1,5 +1,6 @@
 """`make_supervised_dataset` / DART-Math names: loading, shuffling, caching, errors, and packed training losses."""
 
+import copy
 import gzip
 import itertools
 import json
@@ -102,3 +103,83 @@ def test_tiny_model_sees_the_same_per_sequence_losses_packed_and_unpacked(gpt2, 
             assert loss == pytest.approx(unpacked[tuple(row["input_ids"][a:b])], abs=1e-5)
             seen += 1
     assert seen == len(dset)
+
+
+def test_skipped_rows_are_counted_logged_and_dropped(gpt2, gsm8k_rows, caplog):
+    rows = [dict(r) for r in gsm8k_rows[:20]]
+    rows[3]["answer"] = "  "
+    rows[11]["answer"] = ""
+    rows[15]["question"] = "   "
+    with pytest.raises(ValueError, match=r"row 3: field 'answer' is empty"):
+        make_supervised_dataset(gpt2, datasets.Dataset.from_list(rows), query_field="question", resp_field="answer")
+    with caplog.at_level("WARNING", logger="flatcollate.data.supervised"):
+        out, stats = make_supervised_dataset(
+            gpt2,
+            datasets.Dataset.from_list(rows),
+            seed=None,
+            on_error="skip",
+            return_stats=True,
+            query_field="question",
+            resp_field="answer",
+        )
+    assert (stats.num_rows, stats.num_encoded, len(out)) == (20, 17, 17)
+    assert stats.skipped == {"empty_field": 3}
+    assert stats.first_skipped == {"empty_field": [3, 11, 15]}
+    assert stats.first_messages["empty_field"] == "row 3: field 'answer' is empty."
+    assert "skipped 3 (empty_field): rows 3, 11, 15" in caplog.text
+    encoder = build_encoder(gpt2, query_field="question", resp_field="answer")
+    kept = [r for i, r in enumerate(rows) if i not in (3, 11, 15)]
+    assert out["input_ids"] == [encoder(r)["input_ids"] for r in kept]
+    assert out.column_names == ["input_ids", "labels"]
+
+
+def test_a_batch_of_only_skipped_rows_keeps_the_column_types(gpt2, gsm8k_rows):
+    rows = [{"question": "q", "answer": ""}] * 4 + gsm8k_rows[:4]
+    out, stats = make_supervised_dataset(
+        gpt2,
+        datasets.Dataset.from_list(rows),
+        batch_size=4,
+        on_error="skip",
+        return_stats=True,
+        query_field="question",
+        resp_field="answer",
+    )
+    assert stats.skipped == {"empty_field": 4} and len(out) == 4
+    assert out.features["input_ids"].feature.dtype == "int64"
+
+
+def test_the_cache_is_keyed_on_everything_that_changes_the_encoding(gpt2, gsm8k_rows, tmp_path):
+    cache = tmp_path / "cache"
+    rows = datasets.Dataset.from_list(
+        [
+            {"messages": [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}]}
+            for r in gsm8k_rows[:10]
+        ]
+    )
+    tok = copy.deepcopy(gpt2)
+    tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
+
+    def build(tokenizer, **options):
+        return make_supervised_dataset(tokenizer, rows, seed=None, cache_dir=cache, **options)
+
+    def cache_files():
+        return len(list(cache.glob("supervised-*.arrow")))
+
+    first = build(tok)
+    assert cache_files() == 1
+    assert build(tok)["input_ids"] == first["input_ids"] and cache_files() == 1  # same settings: reused
+    other_template = copy.deepcopy(tok)
+    other_template.chat_template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}"
+    assert build(other_template)["input_ids"] != first["input_ids"] and cache_files() == 2
+    assert build(tok, chat_template_kwargs={"unused": 1})["input_ids"] == first["input_ids"] and cache_files() == 3
+    assert build(tok, on_error="skip")["input_ids"] == first["input_ids"] and cache_files() == 4
+    other_eos = copy.deepcopy(tok)
+    other_eos.eos_token = "!"
+    changed = build(other_eos)
+    assert changed["input_ids"] != first["input_ids"] and cache_files() == 5
+    assert changed["input_ids"][0][-1] == gpt2.convert_tokens_to_ids("!")
+    text_rows = datasets.Dataset.from_list(gsm8k_rows[:10])
+    options = {"query_field": "question", "resp_field": "answer"}
+    with_eos = make_supervised_dataset(tok, text_rows, seed=None, cache_dir=cache, **options)
+    without = make_supervised_dataset(tok, text_rows, seed=None, cache_dir=cache, add_eos=False, **options)
+    assert [r[:-1] for r in with_eos["input_ids"]] == without["input_ids"] and cache_files() == 7
