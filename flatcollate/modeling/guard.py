@@ -86,9 +86,11 @@ def _guard_hook(model, args: tuple, kwargs: dict):
     kwargs = {key: value for key, value in kwargs.items() if key not in DATA_COLUMNS}
     if position_ids is None:
         return args, kwargs
-    bound = model._flatcollate_signature.bind_partial(*args, **kwargs)
-    bound.arguments["position_ids"] = position_ids
-    return bound.args, bound.kwargs
+    if "position_ids" in model._flatcollate_signature.bind_partial(*args).arguments:  # passed positionally, as None
+        bound = model._flatcollate_signature.bind_partial(*args, **kwargs)
+        bound.arguments["position_ids"] = position_ids
+        return bound.args, bound.kwargs
+    return args, {**kwargs, "position_ids": position_ids}
 
 
 def declare_data_columns(model: torch.nn.Module) -> None:

@@ -65,7 +65,7 @@ def prepare_model_for_flattening(
         model.set_attn_implementation(attn_implementation)
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
+    install_guard(model, unsupported=reason)  # first: its positions, derived from boundaries, reach the next hook
     if reason is None:
         segment_mixers(model)
-    install_guard(model, unsupported=reason)
     return model

@@ -13,13 +13,13 @@ without their kernels; the attention layers of hybrid models keep the packed ker
 
 import functools
 import itertools
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .._conventions import FLASH_KWARG_KEYS
 from ..boundaries import position_ids_to_cu_seqlens
@@ -46,9 +46,6 @@ SEGMENTED_MIXERS: dict[str, tuple[str, ...]] = {
 
 _ROW_ONLY_KEYS = frozenset({*FLASH_KWARG_KEYS, "seq_idx"})
 """Keyword arguments that describe the whole row; a layer running on one sequence gets none of them."""
-
-_BOUNDS_ATTRIBUTE = "_flatcollate_row_bounds"
-
 
 def row_bounds(arguments: dict) -> list[int] | None:
     """Sequence boundaries of a flattened single-row batch (`[0, ..., T]`), or None when it is not one.
@@ -106,32 +103,73 @@ def _concat(outputs: list[Any], lengths: list[int], name: str, *, extra: bool = 
     raise ValueError(f"{name} returned a {type(first).__name__}; it cannot be run once per sequence.")
 
 
-def _segmented(forward: Callable, bounds_of: Callable[[], list[int] | None], name: str) -> Callable:
-    @functools.wraps(forward)
-    def run(hidden_states: torch.Tensor, *args, **kwargs):
-        bounds = bounds_of()
-        if bounds is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, bounds[-1]):
-            return forward(hidden_states, *args, **kwargs)
-        length = bounds[-1]
-        kwargs = {key: value for key, value in kwargs.items() if key not in _ROW_ONLY_KEYS}
-        outputs, lengths = [], []
-        for start, end in itertools.pairwise(bounds):  # one call per sequence: fresh state each
-            part_args = [_slice(value, start, end, length) for value in args]
-            part_kwargs = {key: _slice(value, start, end, length) for key, value in kwargs.items()}
-            outputs.append(forward(hidden_states[:, start:end], *part_args, **part_kwargs))
-            lengths.append(end - start)
-        return _concat(outputs, lengths, name)
+class RowBounds:
+    """Boundaries of the flattened row the model is running now (`[0, ..., T]`), or None for an ordinary batch.
 
-    return run
+    One object per prepared model, shared by the model's pre-hook (which sets it at every forward) and its wrapped
+    layers (which read it); `copy.deepcopy` of the model copies it once, so a copy never reads the original's row.
+    """
+
+    __slots__ = ("bounds",)
+
+    def __init__(self):
+        self.bounds: list[int] | None = None
+
+
+def _segmented_forward(module: torch.nn.Module, inner: Callable | None, hidden_states: torch.Tensor, *args, **kwargs):
+    """`module`'s forward, once per sequence of the current row (`inner` is a forward set on the instance before)."""
+    forward = functools.partial(type(module).forward, module) if inner is None else inner
+    bounds = module._flatcollate_row.bounds
+    if bounds is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, bounds[-1]):
+        return forward(hidden_states, *args, **kwargs)
+    length = bounds[-1]
+    kwargs = {key: value for key, value in kwargs.items() if key not in _ROW_ONLY_KEYS}
+    outputs, lengths = [], []
+    for start, end in itertools.pairwise(bounds):  # one call per sequence: fresh state each
+        part_args = [_slice(value, start, end, length) for value in args]
+        part_kwargs = {key: _slice(value, start, end, length) for key, value in kwargs.items()}
+        outputs.append(forward(hidden_states[:, start:end], *part_args, **part_kwargs))
+        lengths.append(end - start)
+    return _concat(outputs, lengths, type(module).__name__)
+
+
+def _replay_with_bounds(row: RowBounds, bounds: list[int] | None, function: Callable, *args, **kwargs):
+    """Run `function` (a checkpointed layer's forward) with the boundaries of the forward it belongs to."""
+    current, row.bounds = row.bounds, bounds
+    try:
+        return function(*args, **kwargs)
+    finally:
+        row.bounds = current
+
+
+def _checkpoint_with_bounds(checkpoint: Callable, row: RowBounds, function: Callable, *args, **kwargs):
+    """A layer's `_gradient_checkpointing_func` that saves this forward's boundaries with the recomputed call.
+
+    Gradient checkpointing calls `function` again during backward, possibly after later forwards have changed
+    `row.bounds` (two forwards before one backward); the boundaries captured here travel with it.
+    """
+    return checkpoint(functools.partial(_replay_with_bounds, row, row.bounds, function), *args, **kwargs)
 
 
 def _record_bounds(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    # Kept until the next forward, so that recomputation under gradient checkpointing sees the same boundaries.
-    setattr(model, _BOUNDS_ATTRIBUTE, row_bounds(kwargs))
+    model._flatcollate_row.bounds = row_bounds(kwargs)
+    if not model.training:
+        return
+    # Checkpointing may be switched on after prepare (Trainer does so in `train()`): wrap its function when seen.
+    for layer in model._flatcollate_checkpointed:
+        checkpoint = getattr(layer, "_gradient_checkpointing_func", None)
+        if layer.gradient_checkpointing and checkpoint is not None and not hasattr(checkpoint, "_flatcollate_row"):
+            wrapped = functools.partial(_checkpoint_with_bounds, checkpoint, model._flatcollate_row)
+            wrapped._flatcollate_row = True
+            layer._gradient_checkpointing_func = wrapped
 
 
 def segment_mixers(model: PreTrainedModel) -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
+
+    Each wrapped layer's `forward` becomes `functools.partial(_segmented_forward, layer, ...)`, so copies of the model
+    run their own layers. Under gradient checkpointing, the boundaries of each forward are saved with the layer's
+    recomputation (`_checkpoint_with_bounds`), so two forwards before one backward stay exact.
 
     Args:
         model (`PreTrainedModel`): a model whose `model_type` is in `SEGMENTED_MIXERS`.
@@ -144,20 +182,17 @@ def segment_mixers(model: PreTrainedModel) -> int:
     2
     """
     names = SEGMENTED_MIXERS.get(getattr(model.config, "model_type", ""), ())
-    if not names or hasattr(model, _BOUNDS_ATTRIBUTE):
+    if not names or hasattr(model, "_flatcollate_row"):
         return 0
-    setattr(model, _BOUNDS_ATTRIBUTE, None)
+    row = RowBounds()
+    model._flatcollate_row = row
+    model._flatcollate_checkpointed = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     model.register_forward_pre_hook(_record_bounds, with_kwargs=True)
-    owner = weakref.ref(model)
-
-    def bounds_of() -> list[int] | None:
-        parent = owner()
-        return None if parent is None else getattr(parent, _BOUNDS_ATTRIBUTE)
-
     wrapped = 0
     for module in model.modules():
-        name = type(module).__name__
-        if name in names:
-            module.forward = _segmented(module.forward, bounds_of, name)
+        if type(module).__name__ in names:
+            inner = vars(module).get("forward")  # a forward already set on the instance keeps being called
+            module._flatcollate_row = row
+            module.forward = functools.partial(_segmented_forward, module, inner)
             wrapped += 1
     return wrapped

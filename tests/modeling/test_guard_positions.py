@@ -30,8 +30,8 @@ def alone_logits(model, batch) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("family", "attn_implementation"),
-    [("gpt2", "flatcollate"), ("llama", None), ("llama", "flatcollate")],
-    ids=["gpt2-learned-positions", "llama-sdpa-kept", "llama-packed"],
+    [("gpt2", "flatcollate"), ("llama", None), ("llama", "flatcollate"), ("mamba2", "flatcollate")],
+    ids=["gpt2-learned-positions", "llama-sdpa-kept", "llama-packed", "mamba2-state-carrying"],
 )
 @pytest.mark.parametrize(
     "collator_options",

@@ -1,5 +1,7 @@
 """Layers that carry state along the row (Mamba, gated delta rule, short convolutions) run once per sequence."""
 
+import copy
+
 import pytest
 import torch
 
@@ -62,3 +64,13 @@ def test_outputs_that_are_not_per_token_are_refused_as_main_output_and_dropped_a
     assert out.shape == (1, 4, 2) and extra is None
     with pytest.raises(ValueError, match="Mixer returned a tensor that is not per token"):
         _concat(weights, [3, 1], "Mixer")
+
+
+def test_a_copy_of_a_prepared_model_runs_its_own_layers():
+    original = prepare_model_for_flattening(tiny_causal_lm("mamba2"))
+    copy_ = copy.deepcopy(original)
+    ids = torch.randint(0, original.config.vocab_size, (1, 8))
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    copy_(input_ids=ids, position_ids=positions, labels=ids).loss.backward()
+    assert all(p.grad is None for p in original.parameters()), "the copy ran the original's layers"
+    assert all(p.grad is not None for n, p in copy_.named_parameters() if ".mixer." in n)
