@@ -7,6 +7,7 @@ gradients must agree (fp32 CPU, tolerance 1e-5). The per-sequence reference runs
 import argparse
 import copy
 import itertools
+import sys
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -151,7 +152,7 @@ def check_model(
             `flatcollate.models.tiny_config`), or a model (copied, used at its size in fp32).
         backends (`tuple[str, ...]`): `"sdpa"` and `"eager"` run transformers' own backends with `use_cache=False`
             and no `attention_mask`; `"flatcollate"` runs `prepare_model_for_flattening`.
-        lengths (`tuple[int, ...]`): sequence lengths of the flattened row.
+        lengths (`tuple[int, ...]`): sequence lengths of the flattened row; at least two, so the row has a boundary.
         seed (`int`): seed of the weights and tokens.
         tolerance (`float`): largest absolute difference of logits, loss and gradients that counts as exact.
         overrides (`dict`, *optional*): config attributes for the tiny model, e.g. `{"sliding_window": 4}`.
@@ -163,7 +164,12 @@ def check_model(
     >>> report.passed, report.results[0].status
     (True, 'exact')
     """
-    if not lengths or min(lengths) < 1:
+    if len(lengths) < 2:
+        raise ValueError(
+            f"`lengths` {list(lengths)} gives a row without a sequence boundary, so nothing could leak and the check "
+            "would prove nothing; pass at least two sequences (e.g. 7 1 12 4)."
+        )
+    if min(lengths) < 1:
         raise ValueError(f"`lengths` must be positive sequence lengths, got {list(lengths)}.")
     base = _tiny_model(model, seed, overrides or {})
     batch = _flattened_inputs(tuple(lengths), base.config.vocab_size, seed)
@@ -216,6 +222,13 @@ def register_cli(subparsers) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if len(args.lengths) < 2 or min(args.lengths) < 1:
+        print(
+            f"flatcollate check: error: --lengths {' '.join(map(str, args.lengths))}: pass at least two positive "
+            "sequence lengths, so the flattened row has a boundary to check (e.g. --lengths 7 1 12 4).",
+            file=sys.stderr,
+        )
+        return 2
     report = check_model(
         args.model, backends=tuple(args.backends), lengths=tuple(args.lengths), seed=args.seed, tolerance=args.tolerance
     )

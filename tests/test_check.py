@@ -53,3 +53,15 @@ def test_cli_exit_status(capsys):
     assert "| flatcollate | exact |" in capsys.readouterr().out
     assert main(["check", "opt", "--backends", "sdpa", "--lengths", "3", "5"]) == 1
     assert "| sdpa | contaminated |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lengths", [(12,), ()])
+def test_a_check_without_a_boundary_is_refused(lengths):
+    with pytest.raises(ValueError, match="at least two sequences"):
+        check_model("llama", backends=("flatcollate",), lengths=lengths)
+
+
+def test_cli_refuses_a_single_length_without_a_traceback(capsys):
+    assert main(["check", "llama", "--lengths", "12"]) == 2
+    err = capsys.readouterr().err
+    assert "at least two positive sequence lengths" in err and "Traceback" not in err

@@ -54,15 +54,23 @@ def prepare_model_for_flattening(
         if strict:
             raise ValueError(message + " Pass `strict=False` to prepare it anyway.")
         warnings.warn(message, stacklevel=2)
-    model.config.use_cache = False
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.use_cache = False
     if attn_implementation == ATTN_IMPLEMENTATION and not takes_packed_backend(model):
         attn_implementation = None  # its layers ignore the attention interface: keep its backend, patch its masks
     if attn_implementation is not None and reason is None:
         if attn_implementation == ATTN_IMPLEMENTATION:
             register_packed_attention()
-        model.set_attn_implementation(attn_implementation)
+        try:  # first, so that a backend that cannot be selected leaves the model as it was
+            model.set_attn_implementation(attn_implementation)
+        except (ImportError, ValueError) as error:
+            raise ValueError(
+                f"Cannot select attn_implementation={attn_implementation!r} for {type(model).__name__}: "
+                f"{str(error).splitlines()[0]} The model was left unchanged; pass the default "
+                f"{ATTN_IMPLEMENTATION!r} (it uses flash-attn by itself where it is installed) or `None` to keep "
+                "the current backend."
+            ) from error
+    model.config.use_cache = False
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.use_cache = False
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
     install_guard(model, unsupported=reason)  # first: its positions, derived from boundaries, reach the next hook

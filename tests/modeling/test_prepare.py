@@ -144,3 +144,18 @@ def test_unsupported_family_raises_naming_family_and_reason():
 def test_rejects_non_transformers_model():
     with pytest.raises(TypeError, match="PreTrainedModel"):
         prepare_model_for_flattening(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("backend", ["flash_attention_2", "no_such_backend"])
+def test_a_backend_that_cannot_be_selected_leaves_the_model_unchanged(backend, monkeypatch):
+    from flatcollate.attention import capabilities
+
+    if backend == "flash_attention_2" and capabilities.HAS_FLASH_ATTN:
+        pytest.skip("flash-attn is installed here, so flash_attention_2 can be selected")
+    model = tiny_causal_lm("llama")
+    before = (model.config.use_cache, model.generation_config.use_cache, model.config._attn_implementation)
+    with pytest.raises(ValueError, match=rf"(?s)attn_implementation='{backend}'.*left unchanged"):
+        prepare_model_for_flattening(model, attn_implementation=backend)
+    after = (model.config.use_cache, model.generation_config.use_cache, model.config._attn_implementation)
+    assert after == before
+    assert getattr(model, "_flatcollate_guard", None) is None
