@@ -14,7 +14,8 @@ Strategies:
   Sequences of equal length are placed in bulk and packs are kept in buckets keyed by remaining capacity, so the
   work grows with the number of distinct lengths and capacities, not with the number of sequences (1M sequences
   pack in about a second). When that ends above the lower bound `ceil(total / pack_len)`, the least-full packs are
-  repacked into one fewer by exact subset sums while that succeeds (`_repack_least_full`).
+  repacked into one fewer by subset sums while that succeeds, within a bounded amount of work
+  (`flatcollate.data.repack`).
 - `"first_fit"`: in data order, each into the first pack that fits (a max segment tree over packs).
 - `"next_fit"`: in data order, a new pack whenever the next sequence does not fit the current one.
 
@@ -26,6 +27,8 @@ to those pieces.
 from bisect import bisect_left, insort
 
 import numpy as np
+
+from .repack import repack_least_full
 
 STRATEGIES = ("bfd", "first_fit", "next_fit")
 OVERLONG = ("error", "truncate", "split")
@@ -140,74 +143,6 @@ def _best_fit_decreasing(lengths: np.ndarray, pack_len: int) -> np.ndarray:
     return pack_of
 
 
-def _largest_subset_sum(sizes: list[int], capacity: int) -> list[int]:
-    """Positions of a subset of `sizes` whose sum is the largest one not above `capacity` (exact, bitset DP).
-
-    Bit `s` of `reach[k]` says whether some subset of the first `k` sizes sums to `s`; walking back from the best sum
-    recovers one such subset, preferring earlier sizes.
-
-    >>> sorted(_largest_subset_sum([6, 5, 4, 3], 10))
-    [0, 2]
-    """
-    mask = (1 << (capacity + 1)) - 1
-    reach = [1]
-    for size in sizes:
-        reach.append((reach[-1] | (reach[-1] << size)) & mask)
-    target = reach[-1].bit_length() - 1
-    chosen = []
-    for k in range(len(sizes), 0, -1):
-        if not (reach[k - 1] >> target) & 1:
-            chosen.append(k - 1)
-            target -= sizes[k - 1]
-    return chosen
-
-
-def _repack_least_full(lengths: np.ndarray, pack_of: np.ndarray, pack_len: int, *, max_pool: int) -> np.ndarray:
-    """Save packs above the lower bound `ceil(total / pack_len)` by repacking the least-full packs into one fewer.
-
-    Best-fit decreasing can stop a pack above the bound when every gap left is shorter than every sequence left
-    (GSM8K at 4096: 333 packs against 332). Each round pools the sequences of the `t` least-full packs (t = 8, 16,
-    ... while their gaps add up to at least one pack and the pool has at most `max_pool` sequences) and fills `t - 1`
-    packs one after the other with the subset of the pool that comes closest to `pack_len` (`_largest_subset_sum`).
-    A round that places the whole pool saves a pack; otherwise the packing is left as it was.
-
-    Returns:
-        `np.ndarray` of shape `(N,)`: pack ids, still `0 .. num_packs - 1` with every id used.
-    """
-    lower_bound = -(-int(lengths.sum()) // pack_len)
-    num_packs = int(pack_of.max()) + 1
-    while num_packs > lower_bound:
-        load = np.bincount(pack_of, weights=lengths, minlength=num_packs).astype(np.int64)
-        least_full = np.argsort(load, kind="stable")
-        saved = False
-        for t in (8, 16, 32, 64, 128, 256, 512):
-            t = min(t, num_packs)
-            chosen = np.sort(least_full[:t])
-            members = np.flatnonzero(np.isin(pack_of, chosen))
-            if members.size > max_pool:
-                break
-            if int(load[chosen].sum()) <= (t - 1) * pack_len:
-                pool = members[np.argsort(-lengths[members], kind="stable")].tolist()
-                sizes = lengths[pool].tolist()
-                new_ids = pack_of.copy()
-                for pack in chosen[:-1].tolist():  # the highest id of the round is the one given up
-                    taken = set(_largest_subset_sum(sizes, pack_len))
-                    new_ids[[pool[k] for k in taken]] = pack
-                    pool = [i for k, i in enumerate(pool) if k not in taken]
-                    sizes = [n for k, n in enumerate(sizes) if k not in taken]
-                if not pool:
-                    freed = int(chosen[-1])
-                    pack_of = np.where(new_ids > freed, new_ids - 1, new_ids)
-                    num_packs -= 1
-                    saved = True
-                    break
-            if t == num_packs:
-                break
-        if not saved:
-            break
-    return pack_of
-
-
 def _first_fit(lengths: np.ndarray, pack_len: int) -> np.ndarray:
     """Pack id of every sequence under first-fit in data order (a max segment tree over pack capacities)."""
     n = len(lengths)
@@ -261,7 +196,7 @@ def pack_ids(lengths: np.ndarray, pack_len: int, *, strategy: str = "bfd") -> np
         return np.zeros(0, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     if strategy == "bfd":
-        return _repack_least_full(lengths, _best_fit_decreasing(lengths, pack_len), pack_len, max_pool=4096)
+        return repack_least_full(lengths, _best_fit_decreasing(lengths, pack_len), pack_len)
     return {"first_fit": _first_fit, "next_fit": _next_fit}[strategy](lengths, pack_len)
 
 

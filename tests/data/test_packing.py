@@ -2,11 +2,13 @@
 
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
 
-from flatcollate.data.packing import _best_fit_decreasing, _largest_subset_sum, pack_ids, pack_lengths, split_lengths
+from flatcollate.data.packing import _best_fit_decreasing, pack_ids, pack_lengths, split_lengths
+from flatcollate.data.repack import bounded_subset_sum, largest_subset_sum, repack_least_full
 
 
 def reference_pack(lengths, pack_len, strategy):
@@ -170,7 +172,7 @@ def test_largest_subset_sum_matches_brute_force():
         best = max(
             (sum(c) for r in range(len(sizes) + 1) for c in itertools.combinations(sizes, r) if sum(c) <= capacity),
         )
-        chosen = _largest_subset_sum(sizes, capacity)
+        chosen = largest_subset_sum(sizes, capacity)
         assert len(set(chosen)) == len(chosen)
         assert sum(sizes[k] for k in chosen) == best
 
@@ -189,3 +191,72 @@ def test_repack_reaches_the_lower_bound_where_best_fit_decreasing_stops_above_it
         assert len(packs) == lower_bound <= bfd_packs, f"seed {seed}"
         repaired += bfd_packs > lower_bound
     assert repaired >= 2, "the mixes must include cases best-fit decreasing alone does not solve"
+
+
+@pytest.mark.parametrize(("pack_len", "n"), [(1_000_000, 5_000), (10_000_000, 2_000)])
+def test_large_pack_len_packs_quickly_and_validly(pack_len, n):
+    # Exact subset sums over a pool cost pool size x pack_len bits: unbounded, these took 50 s and 718 s.
+    lengths = np.random.default_rng(0).integers(1, pack_len + 1, n)
+    start = time.perf_counter()
+    packs = pack_lengths(lengths, pack_len)
+    elapsed = time.perf_counter() - start
+    assert_valid(packs, lengths, pack_len)
+    assert len(packs) <= _best_fit_decreasing(lengths, pack_len).max() + 1
+    assert elapsed < 10, f"pack_lengths took {elapsed:.1f} s"
+
+
+def test_repack_work_stays_within_its_budget(monkeypatch):
+    import flatcollate.data.repack as repack
+
+    spent = []
+    exact = repack._subset_sum
+
+    def counted(sizes, capacity):
+        chosen, scanned = exact(sizes, capacity)
+        spent.append(scanned * (capacity + 1))
+        return chosen, scanned
+
+    monkeypatch.setattr(repack, "_subset_sum", counted)
+    lengths = np.random.default_rng(0).integers(1, 1_000_001, 5_000)
+    pack_of = _best_fit_decreasing(lengths, 1_000_000)
+    for max_bits in (0, 10**7, 10**9):
+        spent.clear()
+        repacked = repack_least_full(lengths, pack_of, 1_000_000, max_bits=max_bits)
+        assert sum(spent) <= max_bits
+        assert max(spent, default=0) <= repack.SUBSET_SUM_BITS
+        assert np.bincount(repacked).min() >= 1, "pack ids stay 0 .. num_packs - 1, every id used"
+        assert np.bincount(repacked, weights=lengths).max() <= 1_000_000
+
+
+def test_bounded_subset_sum_always_fits_and_is_exact_within_its_bits():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        sizes = sorted(rng.integers(1, 400, int(rng.integers(1, 9))).tolist(), reverse=True)
+        capacity = int(rng.integers(1, 1000))
+        max_bits = int(rng.integers(1, 3 * len(sizes) * (capacity + 1)))
+        chosen = bounded_subset_sum(sizes, capacity, max_bits=max_bits)
+        assert len(set(chosen)) == len(chosen)
+        assert sum(sizes[k] for k in chosen) <= capacity
+        if len(sizes) * (capacity + 1) <= max_bits:
+            assert sum(sizes[k] for k in chosen) == sum(sizes[k] for k in largest_subset_sum(sizes, capacity))
+
+
+def test_repack_frees_every_pack_a_round_empties():
+    # Ten one-token packs of room 10: the first round pools eight of them into one pack and frees seven.
+    repacked = repack_least_full(np.ones(10, dtype=np.int64), np.arange(10), 10)
+    assert repacked.tolist() == [0] * 10
+
+
+@pytest.mark.parametrize("scale", [250, 2441])
+def test_repack_reaches_the_lower_bound_at_large_pack_len(shared_data, scale):
+    # GSM8K at 4096 scaled to a pack_len of about 1M and 10M tokens, with jitter so exact fills are rare: subset sums
+    # in coarser units still find the pack best-fit decreasing leaves above the lower bound.
+    lengths = profile_lengths(shared_data, "gsm8k_train") * scale
+    lengths += np.random.default_rng(scale).integers(0, scale, len(lengths))
+    pack_len = 4096 * scale
+    start = time.perf_counter()
+    packs = pack_lengths(lengths, pack_len)
+    elapsed = time.perf_counter() - start
+    assert_valid(packs, lengths, pack_len)
+    assert len(packs) == -(-lengths.sum() // pack_len) == _best_fit_decreasing(lengths, pack_len).max()
+    assert elapsed < 10, f"pack_lengths took {elapsed:.1f} s"
