@@ -6,9 +6,14 @@ collates with flatcollate (vectorized, validated, boundary kwargs always present
 nothing can attend across sequences.
 """
 
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
 from trl import SFTTrainer
 
 from ..collate import DataCollatorWithFlattening
+from ..collate._features import MASK_KEYS
 from ..modeling import prepare_model_for_flattening
 
 
@@ -18,6 +23,12 @@ class FlatSFTTrainer(SFTTrainer):
     With `SFTConfig(padding_free=True)` (or BFD packing), the batch is collated by `data_collator` (default:
     `DataCollatorWithFlattening` with the config's `pad_to_multiple_of`) and the model goes through
     `prepare_model_for_flattening`. Without padding-free it is exactly `SFTTrainer`.
+
+    The tokens trained are those of `SFTTrainer(padding_free=True)` for every `SFTConfig`: TRL folds the masks the
+    config asks for (`completion_mask` when `completion_only_loss`, `assistant_masks`) into `labels` while preparing
+    the dataset and its collator ignores mask columns left over (e.g. `completion_mask` with
+    `completion_only_loss=False`, kept by `remove_unused_columns=False`). Those leftovers are removed before
+    flatcollate's collator, which would otherwise fold them into `labels` a second time.
 
     Args:
         *args, **kwargs: as for `SFTTrainer`.
@@ -35,6 +46,8 @@ class FlatSFTTrainer(SFTTrainer):
     ```
     """
 
+    _drops_mask_columns = False
+
     def __init__(self, *args, data_collator=None, attn_implementation: str | None = "flatcollate", **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         padding_free = training_args is not None and (
@@ -45,8 +58,31 @@ class FlatSFTTrainer(SFTTrainer):
             super().__init__(*args, data_collator=data_collator, **kwargs)
             return
         super().__init__(*args, **kwargs)
+        self._drops_mask_columns = True
         self.data_collator = data_collator or DataCollatorWithFlattening(
             pad_to_multiple_of=self.args.pad_to_multiple_of, pad_token_id=self._tokenizer.pad_token_id
         )
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
         prepare_model_for_flattening(base, attn_implementation=attn_implementation)
+
+    def _remove_unused_columns(self, dataset, description: str | None = None):
+        """Map-style datasets: TRL's column removal, then mask columns TRL's collator would ignore."""
+        dataset = super()._remove_unused_columns(dataset, description=description)
+        leftover = [name for name in MASK_KEYS if name in dataset.column_names] if self._drops_mask_columns else []
+        return dataset.remove_columns(leftover) if leftover else dataset
+
+    def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None) -> Callable:
+        """Iterable datasets: TRL's column removal, then mask fields TRL's collator would ignore, per batch."""
+        data_collator = super()._get_collator_with_removed_columns(data_collator, description=description)
+        if not self._drops_mask_columns:
+            return data_collator
+        return functools.partial(collate_without_masks, collator=data_collator)  # a partial pickles for workers
+
+
+def collate_without_masks(features: Sequence[Mapping[str, Any]], *, collator: Callable) -> dict[str, Any]:
+    """Call `collator` on `features` without their `completion_mask` / `assistant_masks` fields.
+
+    >>> collate_without_masks([{"input_ids": [1, 2], "completion_mask": [0, 1]}], collator=list)
+    [{'input_ids': [1, 2]}]
+    """
+    return collator([{key: value for key, value in feature.items() if key not in MASK_KEYS} for feature in features])
