@@ -37,11 +37,16 @@ def tokens_in_spans(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
     if len(spans) == 0 or len(offsets) == 0:
         return trained
     starts, ends = offsets[:, 0], offsets[:, 1]
-    # The only span a token can overlap first is the first one that ends after the token starts.
+    # Spans are sorted and disjoint: a token overlaps some span iff it overlaps the first one ending after its start.
     j = np.searchsorted(spans[:, 1], starts, side="right")
     inside = j < len(spans)
     k = np.minimum(j, len(spans) - 1)
     return inside & (spans[k, 0] < ends) & (starts < ends)
+
+
+def _variant_groups(content: str):
+    yield tuple(dict.fromkeys((content, content.strip())))
+    yield (json.dumps(content, ensure_ascii=False),)  # lazily: only reached when the text is not there as given
 
 
 def _find(text: str, content: str, pos: int, before: str, after: str) -> tuple[int, int] | None:
@@ -50,8 +55,7 @@ def _find(text: str, content: str, pos: int, before: str, after: str) -> tuple[i
     Content is looked for as given or trimmed (Llama-3's `| trim`), then as JSON (`| tojson`, Llama-3.2 tool results).
     """
     frames = tuple(dict.fromkeys(((before, after), ("", after), ("", ""))))
-    as_json = json.dumps(content, ensure_ascii=False)
-    for variants in (dict.fromkeys((content, content.strip())), (as_json,)):
+    for variants in _variant_groups(content):
         for b, a in frames:
             found = [(i + len(b), v) for v in variants if (i := text.find(b + v + a, pos)) >= 0]
             if found:
