@@ -1,4 +1,8 @@
-"""`flatcollate` command line: one sub-command per module that registers itself in `_COMMANDS`."""
+"""`flatcollate` command line: one sub-command per module that registers itself in `_COMMANDS`.
+
+A user mistake (a bad option value, a missing folder, an unknown config key) ends in one line on stderr,
+`flatcollate <command>: error: ...`, and exit status 2, before any work starts; never in a traceback.
+"""
 
 import argparse
 import importlib
@@ -8,17 +12,40 @@ import sys
 _COMMANDS: tuple[str, ...] = ("flatcollate.check", "flatcollate.bench.cli")
 
 
+class UsageError(ValueError):
+    """A mistake in the command line, found before any work starts: printed as one line, exit status 2."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions kept as written, every option's default shown."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flatcollate", description="Padding-free fine-tuning tools.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="flatcollate",
+        description="Padding-free fine-tuning tools: check a model is exact on flattened batches, benchmark it.",
+        formatter_class=HelpFormatter,
+    )
+    import flatcollate  # at call time: this module is imported while the package itself is still initialising
+
+    parser.add_argument("--version", action="version", version=f"flatcollate {flatcollate.__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{check,bench}")
     for module_name in _COMMANDS:
         importlib.import_module(module_name).register_cli(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run one sub-command; returns the exit status (0 success, 1 a failed check, 2 a usage error)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse's own errors (exit 2), `--help` and `--version` (exit 0)
+        return int(exit_.code or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as error:
+        print(f"flatcollate {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
