@@ -1,35 +1,44 @@
 """Pack a tokenized `datasets.Dataset` into rows of at most `pack_len` tokens, on pyarrow offsets.
 
-Every packed row keeps the lengths of the sequences it holds in `seq_lengths`, so the flattening collator restarts
-`position_ids` and emits `cu_seq_lens` at every inner boundary; nothing attends across sequences::
+Every packed row carries restarting `position_ids` and the lengths of the sequences it holds (`seq_lengths`), so
+the flattening collator emits `cu_seq_lens` at every inner boundary and nothing attends across sequences::
 
     input_ids    [a a a a a | b b | c c c]      one packed row, pack_len 10
+    labels       [. a a a a | . b | . c c]      completion masks already folded in (-100 where 0)
+    position_ids [0 1 2 3 4 | 0 1 | 0 1 2]
     seq_lengths  [5, 2, 3]
-    position_ids [0 1 2 3 4 | 0 1 | 0 1 2]      (made by the collator)
+
+`position_ids` is what survives `transformers.Trainer`'s default `remove_unused_columns=True` (it keeps only the
+model's forward arguments: `input_ids`, `labels`, `position_ids`); `seq_lengths` is kept for TRL. Masks are folded
+into `labels` for the same reason. Every other per-token column is packed like `input_ids`; columns that are not per
+token are left out and named (`flatcollate.data.columns`).
 
 Tokens are never copied in Python: the packed order of every token is computed with `np.repeat` over sequence
 offsets and gathered with one `pyarrow` `take` per column, then wrapped with `ListArray.from_arrays`.
 """
 
+import logging
 from dataclasses import asdict, dataclass, field
 
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
+from ..boundaries import cu_seqlens_to_position_ids
+from .columns import describe_left_out, flat_values, fold_masks, list_array, row_lengths, split_columns
 from .packing import check_lengths, group_by_pack, pack_ids, split_lengths
 
-TOKEN_COLUMNS = ("input_ids", "labels", "completion_mask", "assistant_masks")
-"""Columns packed token by token next to `input_ids`; each must have the same length as `input_ids` in every row."""
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class PackingStats:
-    """What packing did: counts, fill and padding, and how over-long sequences were handled.
+    """What packing did: counts, fill and padding, over-long sequences, and what happened to each column.
 
     `fill` is real tokens over `num_packs * pack_len`; `padding_saved` compares with one sequence per row of `pack_len`.
+    `carried_columns` were packed token by token, `folded_masks` were folded into `labels`, `dropped_columns` were
+    left out (not per token, or an all-ones `attention_mask`).
     """
 
     num_sequences: int
@@ -50,6 +59,8 @@ class PackingStats:
     num_split_pieces: int
     num_truncated_tokens: int
     dropped_columns: tuple[str, ...] = field(default=())
+    folded_masks: tuple[str, ...] = field(default=())
+    carried_columns: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,32 +76,16 @@ class PackingStats:
             f"over-long: {self.num_overlong} ({self.overlong}; {self.num_split_pieces} extra pieces, "
             f"{self.num_truncated_tokens:,} tokens truncated)",
         ]
+        if self.folded_masks:
+            lines.append(f"labels: {', '.join(self.folded_masks)} folded in (-100 where 0)")
         if self.dropped_columns:
-            lines.append(f"columns not packed (not token-aligned): {', '.join(self.dropped_columns)}")
+            lines.append(describe_left_out(self.dropped_columns))
         return "\n".join(lines)
-
-
-def _token_columns(table: pa.Table, lengths: np.ndarray) -> list[str]:
-    """Token-aligned columns present in `table`, checked row by row against `input_ids`."""
-    names = [name for name in TOKEN_COLUMNS if name in table.column_names]
-    for name in names[1:]:
-        other = pc.list_value_length(table[name]).to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(other != lengths)
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(
-                f"row {i}: field {name!r} has {other[i]} values but 'input_ids' has {lengths[i]} tokens; "
-                f"token-aligned columns must match input_ids ({bad.size} rows differ)."
-            )
-    return names
 
 
 def _gather(column: pa.ChunkedArray, token_index: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """Rows of `offsets` over the tokens of `column` taken in `token_index` order."""
-    values = column.combine_chunks().flatten().take(pa.array(token_index))
-    if offsets[-1] > np.iinfo(np.int32).max:
-        return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+    return list_array(offsets, flat_values(column).take(pa.array(token_index)))
 
 
 def pack_table(
@@ -106,9 +101,11 @@ def pack_table(
         raise ValueError(f"cannot pack: no 'input_ids' column (columns: {table.column_names}); tokenize first.")
     if "seq_lengths" in table.column_names:
         raise ValueError("the rows already have 'seq_lengths' (already packed); pack the unpacked rows instead.")
-    lengths = pc.list_value_length(table["input_ids"]).to_numpy(zero_copy_only=False).astype(np.int64)
-    lengths = check_lengths(lengths, pack_len, overlong=overlong)
-    names = _token_columns(table, lengths)
+    lengths = check_lengths(row_lengths(table["input_ids"]), pack_len, overlong=overlong)
+    table, folded = fold_masks(table, lengths)
+    names, left_out = split_columns(table, lengths)
+    if left_out:
+        logger.warning("pack_dataset: %s", describe_left_out(left_out).replace("\n", "; "))
 
     if overlong == "split":
         source, start, piece = split_lengths(lengths, pack_len)
@@ -130,6 +127,8 @@ def pack_table(
     piece_offsets = np.concatenate([[0], np.cumsum(pieces_per_pack)])
     pack_offsets = piece_out_start[piece_offsets]
     arrays = {name: _gather(table[name], token_index, pack_offsets) for name in names}
+    # Positions restart at every piece: piece_out_start are the pieces' boundaries in the packed token order.
+    arrays["position_ids"] = list_array(pack_offsets, cu_seqlens_to_position_ids(piece_out_start))
     arrays["seq_lengths"] = pa.ListArray.from_arrays(pa.array(piece_offsets, pa.int32()), pa.array(piece_len))
     packed = pa.table(arrays)
 
@@ -147,7 +146,7 @@ def pack_table(
         fill=num_tokens / (len(packs) * pack_len) if packs else 0.0,
         mean_pack_tokens=float(pack_tokens.mean()) if packs else 0.0,
         max_pack_tokens=int(pack_tokens.max(initial=0)),
-        min_pack_tokens=int(pack_tokens.min(initial=0)),
+        min_pack_tokens=int(pack_tokens.min()) if packs else 0,
         mean_sequences_per_pack=len(piece) / len(packs) if packs else 0.0,
         padding_tokens_unpacked=unpacked_padding,
         padding_tokens_packed=packed_padding,
@@ -156,7 +155,9 @@ def pack_table(
         num_overlong=int((lengths > pack_len).sum()),
         num_split_pieces=len(piece) - n,
         num_truncated_tokens=int(lengths.sum()) - num_tokens,
-        dropped_columns=tuple(c for c in table.column_names if c not in names),
+        dropped_columns=tuple(left_out),
+        folded_masks=folded,
+        carried_columns=tuple(names),
     )
     return packed, stats
 
@@ -170,12 +171,15 @@ def pack_dataset(
     shuffle_seed: int | None = None,
     return_stats: bool = False,
 ) -> datasets.Dataset | tuple[datasets.Dataset, PackingStats]:
-    """Pack tokenized rows into rows of at most `pack_len` tokens that remember their sequence lengths.
+    """Pack tokenized rows into rows of at most `pack_len` tokens that remember where their sequences start.
 
     Args:
         dataset (`datasets.Dataset`): rows with `input_ids` and optionally `labels`, `completion_mask`,
-            `assistant_masks` (token-aligned: same length as `input_ids`). Other columns are not packed; their names
-            are listed in the stats.
+            `assistant_masks` and other per-token columns (lists as long as `input_ids` in every row, e.g.
+            `loss_weights`, `token_type_ids`). Masks are folded into `labels` (-100 where 0; `labels` start from
+            `input_ids` when absent) and not kept; other per-token columns are packed like `input_ids`. Columns that
+            are not per token (text, ids, lists of another length) and an all-ones `attention_mask` are left out
+            and named in a warning and in the stats.
         pack_len (`int`): most tokens in one packed row.
         strategy (`str`, *optional*, defaults to `"bfd"`): `"bfd"` (best-fit decreasing over the whole dataset),
             `"first_fit"` or `"next_fit"`.
@@ -187,12 +191,21 @@ def pack_dataset(
         return_stats (`bool`, *optional*, defaults to `False`): also return the `PackingStats`.
 
     Returns:
-        `datasets.Dataset` with the packed token columns and `seq_lengths` (list of int64 per row, summing to the
-        row's length), and the `PackingStats` when `return_stats=True`.
+        `datasets.Dataset` with the packed per-token columns (`input_ids` first, then `labels`), `position_ids`
+        (list of int64 per row, restarting at 0 at every packed sequence) and `seq_lengths` (list of int64 per row,
+        summing to the row's length), and the `PackingStats` when `return_stats=True`.
+
+    Raises:
+        `ValueError`: no `input_ids`, rows already packed, an over-long sequence with `overlong="error"`, a mask
+            with values other than 0/1, a column per token in some rows only, a padded `attention_mask`, or
+            `position_ids` that do not count from 0; the message names the row and the column.
 
     >>> ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]]})
-    >>> pack_dataset(ds, 6)[:]
-    {'input_ids': [[4, 5, 6, 7, 8, 9], [1, 2, 3]], 'seq_lengths': [[2, 4], [3]]}
+    >>> for name, rows in pack_dataset(ds, 6)[:].items():
+    ...     print(name, rows)
+    input_ids [[4, 5, 6, 7, 8, 9], [1, 2, 3]]
+    position_ids [[0, 1, 0, 1, 2, 3], [0, 1, 2]]
+    seq_lengths [[2, 4], [3]]
     """
     packed, stats = pack_table(
         dataset.with_format("arrow")[:], pack_len, strategy=strategy, overlong=overlong, shuffle_seed=shuffle_seed
@@ -212,8 +225,8 @@ class PackedDataset(torch.utils.data.Dataset):
         strategy (`str`, *optional*, defaults to `"bfd"`), overlong (`str`, *optional*, defaults to `"error"`): as
             in `pack_dataset`.
 
-    Items are dicts of lists: `input_ids`, `labels` (where given) and `seq_lengths`, ready for
-    `DataCollatorWithFlattening`.
+    Items are dicts of lists: `input_ids`, `labels` (where given, or where masks were folded in), other per-token
+    columns, `position_ids` and `seq_lengths`, ready for `DataCollatorWithFlattening`.
     """
 
     def __init__(

@@ -1,11 +1,15 @@
 """`pack_dataset` / `PackedDataset`: every sequence lands in exactly one packed row, unchanged, with its length."""
 
 import itertools
+import logging
 
 import datasets
 import numpy as np
 import pytest
+import torch
+import transformers
 
+from flatcollate import DataCollatorWithFlattening
 from flatcollate.data.dataset import PackedDataset, pack_dataset
 
 
@@ -16,14 +20,15 @@ def make_rows(lengths, seed=0):
     return datasets.Dataset.from_dict({"input_ids": ids, "labels": labels, "id": list(range(len(lengths)))})
 
 
-def unpack(packed):
-    """Slow reference: split every packed row by its `seq_lengths` into (input_ids, labels) tuples."""
+def unpack(packed, columns=("input_ids", "labels")):
+    """Slow reference: split every packed row by its `seq_lengths` into tuples of `columns`; positions restart."""
     out = []
     for row in packed:
-        assert sum(row["seq_lengths"]) == len(row["input_ids"]) == len(row["labels"])
+        assert sum(row["seq_lengths"]) == len(row["input_ids"]) == len(row["labels"]) == len(row["position_ids"])
         cut = np.cumsum([0, *row["seq_lengths"]])
         for a, b in itertools.pairwise(cut):
-            out.append((tuple(row["input_ids"][a:b]), tuple(row["labels"][a:b])))
+            assert row["position_ids"][a:b] == list(range(b - a))
+            out.append(tuple(tuple(row[name][a:b]) for name in columns))
     return out
 
 
@@ -34,7 +39,7 @@ def test_every_sequence_once_and_unchanged(strategy, seed):
     lengths = np.random.default_rng(seed).integers(1, pack_len + 1, 60 + seed * 13)
     ds = make_rows(lengths, seed)
     packed, stats = pack_dataset(ds, pack_len, strategy=strategy, shuffle_seed=seed, return_stats=True)
-    assert set(packed.column_names) == {"input_ids", "labels", "seq_lengths"}
+    assert packed.column_names == ["input_ids", "labels", "position_ids", "seq_lengths"]
     assert max(len(r) for r in packed["input_ids"]) <= pack_len
     expected = [(tuple(r["input_ids"]), tuple(r["labels"])) for r in ds]
     assert sorted(unpack(packed)) == sorted(expected)
@@ -43,6 +48,8 @@ def test_every_sequence_once_and_unchanged(strategy, seed):
     assert stats.fill == pytest.approx(lengths.sum() / (len(packed) * pack_len))
     assert stats.dropped_columns == ("id",)
     assert stats.padding_saved == (len(ds) - len(packed)) * pack_len
+    row_tokens = [len(r) for r in packed["input_ids"]]
+    assert (stats.min_pack_tokens, stats.max_pack_tokens) == (min(row_tokens), max(row_tokens))
 
 
 @pytest.mark.parametrize(
@@ -114,10 +121,140 @@ def test_packed_dataset_dart_signature_and_stat(capsys):
 
 
 def test_packed_rows_flatten_with_restarting_positions():
-    from flatcollate import DataCollatorWithFlattening
-
     packed = pack_dataset(make_rows([5, 3, 8, 2, 6]), 8)
     batch = DataCollatorWithFlattening()([packed[i] for i in range(len(packed))])
     lengths = [n for row in packed["seq_lengths"] for n in row]
     assert batch["cu_seq_lens_q"].tolist() == np.cumsum([0, *lengths]).tolist()
     assert batch["position_ids"][0].tolist() == [p for n in lengths for p in range(n)]
+
+
+def test_position_ids_restart_at_every_packed_sequence():
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 4], [5, 6, 7], [8, 9]]})
+    packed = pack_dataset(ds, 9, strategy="next_fit")
+    assert packed[0] == {
+        "input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9],
+        "position_ids": [0, 1, 2, 3, 0, 1, 2, 0, 1],
+        "seq_lengths": [4, 3, 2],
+    }
+    split = pack_dataset(datasets.Dataset.from_dict({"input_ids": [list(range(1, 11))]}), 4, overlong="split")
+    assert split["position_ids"] == [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1]]
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    """A `transformers.Trainer` with its defaults (`remove_unused_columns=True`) around a tiny Llama."""
+    from flatcollate.models import tiny_causal_lm
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path_factory.mktemp("trainer")), report_to=[])
+    return transformers.Trainer(model=tiny_causal_lm("llama"), args=args)
+
+
+def assert_same_batches(actual, expected):
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(actual[key], value, rtol=0, atol=0)
+        else:
+            assert actual[key] == value, key
+
+
+def test_boundaries_survive_trainer_column_removal(trainer):
+    packed = pack_dataset(make_rows([5, 3, 8, 2, 6, 1, 7]), 8)
+    kept = trainer._remove_unused_columns(packed)
+    assert sorted(kept.column_names) == ["input_ids", "labels", "position_ids"], "Trainer drops seq_lengths"
+    collator = DataCollatorWithFlattening()
+    with_lengths = collator([packed[i] for i in range(len(packed))])
+    without = collator([kept[i] for i in range(len(kept))])
+    lengths = [n for row in packed["seq_lengths"] for n in row]
+    assert without["cu_seq_lens_q"].tolist() == np.cumsum([0, *lengths]).tolist()
+    assert_same_batches(without, with_lengths)
+
+
+def keyed_rows(lengths, seed=0):
+    """Rows whose first token (1000 + row) tells them apart, so packed sequences can be matched to their rows."""
+    rng = np.random.default_rng(seed)
+    return [[1000 + i, *rng.integers(0, 1000, n - 1).tolist()] for i, n in enumerate(lengths)]
+
+
+def labels_by_sequence(batch):
+    """`{first token: labels}` of every sequence of a collated batch."""
+    ids, labels, cu = batch["input_ids"][0].tolist(), batch["labels"][0].tolist(), batch["cu_seq_lens_q"].tolist()
+    return {ids[a]: labels[a:b] for a, b in itertools.pairwise(cu)}
+
+
+@pytest.mark.parametrize("with_labels", [True, False])
+@pytest.mark.parametrize("masks", [("completion_mask",), ("assistant_masks",), ("completion_mask", "assistant_masks")])
+def test_masks_are_folded_into_labels_and_survive_trainer_column_removal(trainer, with_labels, masks):
+    lengths = [5, 3, 8, 2, 6, 1, 7, 4]
+    rng = np.random.default_rng(len(masks))
+    ids = keyed_rows(lengths)
+    columns = {"input_ids": ids}
+    if with_labels:
+        columns["labels"] = [[-100 if t % 4 == 0 else t for t in row] for row in ids]
+    for name in masks:
+        columns[name] = [rng.integers(0, 2, n).tolist() for n in lengths]
+    ds = datasets.Dataset.from_dict(columns)
+    packed, stats = pack_dataset(ds, 8, return_stats=True)
+    assert packed.column_names == ["input_ids", "labels", "position_ids", "seq_lengths"]
+    assert stats.folded_masks == masks
+    assert f"labels: {', '.join(masks)} folded in (-100 where 0)" in str(stats)
+    assert stats.dropped_columns == ()
+    collator = DataCollatorWithFlattening()
+    expected = labels_by_sequence(collator([ds[i] for i in range(len(ds))]))
+    kept = trainer._remove_unused_columns(packed)
+    assert labels_by_sequence(collator([kept[i] for i in range(len(kept))])) == expected
+    assert any(-100 in labels[1:] for labels in expected.values()), "some trained-looking tokens are masked"
+
+
+def test_bad_mask_values_name_row_and_column():
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4, 5]], "completion_mask": [[0, 1], [1, 2, 1]]})
+    with pytest.raises(ValueError, match=r"row 1: column 'completion_mask' must hold only 0 and 1, found 2"):
+        pack_dataset(ds, 8)
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3, 4, 5]], "assistant_masks": [[0, 1], [1, 1]]})
+    with pytest.raises(ValueError, match=r"row 1: field 'assistant_masks' has 2 values but 'input_ids' has 3"):
+        pack_dataset(ds, 8)
+
+
+def test_every_per_token_column_is_carried(caplog):
+    lengths = [5, 3, 8, 2, 6, 1, 7]
+    rng = np.random.default_rng(0)
+    ds = make_rows(lengths).add_column("loss_weights", [rng.random(n).tolist() for n in lengths])
+    ds = ds.add_column("token_type_ids", [rng.integers(0, 2, n).tolist() for n in lengths])
+    ds = ds.add_column("text", [f"row {i}" for i in range(len(lengths))])
+    ds = ds.add_column("scores", [[0.5] * 9 for _ in lengths])
+    columns = ("input_ids", "labels", "loss_weights", "token_type_ids")
+    with caplog.at_level(logging.WARNING, logger="flatcollate"):
+        packed, stats = pack_dataset(ds, 8, return_stats=True)
+    assert packed.column_names == [*columns, "position_ids", "seq_lengths"]
+    assert sorted(unpack(packed, columns)) == sorted(tuple(tuple(r[c]) for c in columns) for r in ds)
+    assert stats.dropped_columns == ("id", "text", "scores")
+    assert "columns left out (not per token: one value per row, or lists of another length): id, text, scores" in (
+        str(stats)
+    )
+    assert "id, text, scores" in caplog.text and "not per token" in caplog.text
+
+
+def test_column_per_token_in_some_rows_only_names_row_and_column():
+    ds = make_rows([3, 2, 4]).add_column("loss_weights", [[1.0, 1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    match = r"column 'loss_weights' has one value per token in 2 rows but not in row 2 \(2 values, 'input_ids' has 4"
+    with pytest.raises(ValueError, match=match):
+        pack_dataset(ds, 8)
+
+
+def test_attention_mask_of_ones_is_left_out_and_padding_raises():
+    ds = make_rows([3, 2, 4])
+    ones = ds.add_column("attention_mask", [[1] * n for n in (3, 2, 4)])
+    packed, stats = pack_dataset(ones, 8, return_stats=True)
+    assert "attention_mask" not in packed.column_names and "attention_mask" in stats.dropped_columns
+    padded = ds.add_column("attention_mask", [[1, 1, 1], [1, 0], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"row 1: 'attention_mask' has zeros, so the row is padded"):
+        pack_dataset(padded, 8)
+
+
+def test_incoming_position_ids_must_count_from_zero():
+    ds = make_rows([3, 2, 4])
+    plain = ds.add_column("position_ids", [list(range(n)) for n in (3, 2, 4)])
+    assert unpack(pack_dataset(plain, 8)) == unpack(pack_dataset(ds, 8))
+    restarting = ds.add_column("position_ids", [[0, 1, 2], [0, 1], [0, 1, 0, 1]])
+    with pytest.raises(ValueError, match=r"row 2: 'position_ids' do not count 0, 1, 2, ..."):
+        pack_dataset(restarting, 8)
