@@ -8,9 +8,15 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
-from ._features import as_1d_ints, check_same_length
+from ._features import as_1d_ints, check_same_length, segment_lengths
 from .flattening import DataCollatorWithFlattening, flatten_features
-from .response_templates import completion_mask_after_last, completion_mask_turns, find_any, template_variants
+from .response_templates import (
+    completion_mask_after_last,
+    completion_mask_turns,
+    matches_within_sequences,
+    sequences_without,
+    template_variants,
+)
 
 
 class DataCollatorForCompletionOnlyLM:
@@ -110,14 +116,19 @@ class DataCollatorForCompletionOnlyLM:
     def completion_labels(self, feature: Mapping[str, Any], *, index: int) -> tuple[np.ndarray, list[str]]:
         """Labels of one example with everything but completions masked, and the templates it lacks.
 
+        Each sequence of a packed example (`seq_lengths`, or restarting `position_ids`) is masked on its own::
+
+            packed          [### Human: q ### Assistant: a | p ### Human: q ### Assistant: a]
+            trained         [0 ........................... 1 | 0 ........................... 1]
+
         Args:
             feature: one example with `input_ids` and optional `labels` (one entry per token, -100 where masked).
             index: position of the example in the batch, for error messages.
 
         Returns:
             `labels` of shape `(L,)`, int64, -100 outside completions; and `["response"]`, `["instruction"]`, both
-            or none. An example lacking a template raises (`on_missing_template="error"`) or is masked whole
-            (`"mask"`), as TRL 0.x did.
+            or none. A sequence lacking a template raises (`on_missing_template="error"`) or is masked whole
+            (`"mask"`), as TRL 0.x did for an example.
         """
         if not isinstance(feature, Mapping) or "input_ids" not in feature:
             raise ValueError(f"example {index} must be a dict with 'input_ids'.")
@@ -126,26 +137,31 @@ class DataCollatorForCompletionOnlyLM:
         if feature.get("labels") is not None:
             labels = as_1d_ints(feature["labels"], index=index, field="labels")
             check_same_length(labels, len(ids), index=index, field="labels")
-        _, response_ends = find_any(ids, self.response_variants)
-        absent = [] if response_ends.size else ["response"]
-        instruction_starts = None
-        if self.instruction_variants is not None:
-            instruction_starts, _ = find_any(ids, self.instruction_variants)
-            if instruction_starts.size == 0:
-                absent.append("instruction")
-        if absent:
-            if self.on_missing_template == "error":
-                raise ValueError(
-                    f"example {index}: {absent[0]} template {self._template(absent[0])!r} not found in 'input_ids'. "
-                    "It may tokenize differently in context: pass it as token ids taken from a tokenized example, "
-                    "or set on_missing_template='mask' to skip such examples' loss."
-                )
-            return np.full(len(ids), IGNORE_INDEX, dtype=NP_IDS_DTYPE), absent
-        if instruction_starts is None:
-            keep = completion_mask_after_last(len(ids), response_ends)
+        bounds = np.zeros(1, dtype=NP_IDS_DTYPE)
+        if ids.size and ("seq_lengths" in feature or "position_ids" in feature):
+            bounds = np.concatenate([bounds, np.cumsum(segment_lengths(feature, len(ids), index=index))])[:-1]
+        response_ends = matches_within_sequences(ids, self.response_variants, bounds)[1]
+        missing = {"response": sequences_without(response_ends - 1, bounds)}
+        if self.instruction_variants is None:
+            keep = completion_mask_after_last(len(ids), response_ends, bounds)
         else:
-            keep = completion_mask_turns(len(ids), response_ends, instruction_starts)
-        return np.where(keep, labels, IGNORE_INDEX), []
+            instruction_starts = matches_within_sequences(ids, self.instruction_variants, bounds)[0]
+            missing["instruction"] = sequences_without(instruction_starts, bounds)
+            # every sequence start closes a completion, like an instruction template
+            keep = completion_mask_turns(len(ids), response_ends, np.union1d(instruction_starts, bounds))
+        absent = [kind for kind, sequences in missing.items() if sequences.size]
+        if absent and self.on_missing_template == "error":
+            kind = absent[0]
+            where = f" (packed sequence(s) {missing[kind].tolist()})" if bounds.size > 1 else ""
+            raise ValueError(
+                f"example {index}: {kind} template {self._template(kind)!r} not found in 'input_ids'{where}. "
+                "It may tokenize differently in context: pass it as token ids taken from a tokenized example, "
+                "or set on_missing_template='mask' to skip such examples' loss."
+            )
+        if absent:  # mask the sequences lacking a template
+            lacking = np.concatenate(list(missing.values()))
+            keep &= ~np.isin(np.searchsorted(bounds, np.arange(len(ids)), side="right") - 1, lacking)
+        return np.where(keep, labels, IGNORE_INDEX), absent
 
     def _template(self, kind: str) -> str | list[int]:
         return self.response_template if kind == "response" else self.instruction_template

@@ -53,15 +53,62 @@ def find_any(sequence: np.ndarray, variants: list[np.ndarray]) -> tuple[np.ndarr
     return start[order], end[order]
 
 
-def completion_mask_after_last(length: int, response_ends: np.ndarray) -> np.ndarray:
-    """Single-turn rule: train only on tokens after the last response template.
+def matches_within_sequences(
+    sequence: np.ndarray, variants: list[np.ndarray], sequence_starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`find_any`, keeping only the matches that lie inside one sequence of a packed example.
+
+    Args:
+        sequence (`np.ndarray` of shape `(L,)`, int64): the example's token ids.
+        variants (`list[np.ndarray]`): tokenizations of one template.
+        sequence_starts (`np.ndarray` of shape `(N,)`, int64): where each packed sequence starts, ascending, first 0.
+
+    >>> starts, ends = matches_within_sequences(np.array([1, 2, 9, 1, 2]), [np.array([2, 9])], np.array([0, 2]))
+    >>> starts.tolist()  # [2, 9] spans the boundary at 2
+    []
+    """
+    starts, ends = find_any(sequence, variants)
+    first = np.searchsorted(sequence_starts, starts, side="right")
+    inside = first == np.searchsorted(sequence_starts, ends - 1, side="right")
+    return starts[inside], ends[inside]
+
+
+def sequences_without(positions: np.ndarray, sequence_starts: np.ndarray) -> np.ndarray:
+    """Indices of the packed sequences that contain none of `positions`.
+
+    >>> sequences_without(np.array([0, 5]), np.array([0, 3, 4])).tolist()
+    [1]
+    """
+    found = np.searchsorted(sequence_starts, positions, side="right") - 1
+    return np.setdiff1d(np.arange(len(sequence_starts)), found)
+
+
+def completion_mask_after_last(
+    length: int, response_ends: np.ndarray, sequence_starts: np.ndarray | None = None
+) -> np.ndarray:
+    """Single-turn rule: train only on tokens after the last response template of each sequence.
+
+    Args:
+        length (`int`): tokens in the example.
+        response_ends (`np.ndarray` of shape `(M,)`, int64): where each response template ends, ascending.
+        sequence_starts (`np.ndarray` of shape `(N,)`, int64, *optional*): starts of the packed sequences (default:
+            one sequence). A sequence without a response template trains nothing.
+
+    Returns:
+        `np.ndarray` of shape `(length,)`, bool.
 
     >>> completion_mask_after_last(6, np.array([2, 4])).tolist()
     [False, False, False, False, True, True]
+    >>> completion_mask_after_last(6, np.array([2, 5]), np.array([0, 3])).astype(int).tolist()
+    [0, 0, 1, 0, 0, 1]
     """
-    mask = np.zeros(length, dtype=bool)
-    mask[int(response_ends[-1]) :] = True
-    return mask
+    starts = np.zeros(1, dtype=np.int64) if sequence_starts is None else np.asarray(sequence_starts, dtype=np.int64)
+    sequence_ends = np.append(starts[1:], length)
+    last = np.full(len(starts), -1, dtype=np.int64)
+    np.maximum.at(last, np.searchsorted(starts, response_ends - 1, side="right") - 1, response_ends)
+    last = np.where(last < 0, sequence_ends, last)
+    first_trained = np.repeat(last, sequence_ends - starts)
+    return np.arange(length) >= first_trained
 
 
 def completion_mask_turns(length: int, response_ends: np.ndarray, instruction_starts: np.ndarray) -> np.ndarray:

@@ -121,6 +121,41 @@ def test_custom_ignore_index_marks_every_masked_label(padding_free):
     torch.testing.assert_close(batch["labels"], torch.tensor(expected))
 
 
+@pytest.mark.parametrize("instruction", [None, U])
+def test_packed_examples_match_reference_per_sequence(instruction):
+    """Each sequence of a packed example (`seq_lengths`) is masked on its own, as if it were an example."""
+    rng = np.random.default_rng(2)
+    collator = DataCollatorForCompletionOnlyLM(R, instruction, return_tensors="np")
+    for _ in range(30):
+        sequences = []
+        for _seq in range(int(rng.integers(1, 4))):
+            ids = []
+            for _turn in range(int(rng.integers(1, 3))):
+                ids += (U if instruction else []) + rng.integers(0, 50, int(rng.integers(0, 4))).tolist()
+                ids += R + rng.integers(0, 50, int(rng.integers(0, 4))).tolist()
+            sequences.append(ids)
+        expected, input_ids = [], []
+        for ids in sequences:
+            expected += [-100, *reference_completion_labels(ids, R, instruction)[1:]]  # separator first
+            input_ids += ids
+        packed = {"input_ids": input_ids, "seq_lengths": [len(ids) for ids in sequences]}
+        assert collator([packed])["labels"][0].tolist() == expected
+
+
+def test_packed_example_literal_and_missing_template_per_sequence():
+    packed = {"input_ids": [*U, 1, *R, 5, 2, 3, *U, 4, *R, 7], "seq_lengths": [6, 8]}
+    labels = DataCollatorForCompletionOnlyLM(R, U)([packed])["labels"].tolist()
+    assert labels == [[-100] * 5 + [5] + [-100] * 7 + [7]]  # the second prompt (2, 3, ...) is not trained
+    # sequence 1 lacks the response template; the one straddling the boundary (90 | 91) does not count
+    packed = {"input_ids": [1, *R, 5, 2, 90, 91, 3], "seq_lengths": [4, 2, 2]}
+    with pytest.raises(ValueError, match=r"example 0: response template \[90, 91\] not found in 'input_ids' "
+                                         r"\(packed sequence\(s\) \[1, 2\]\)"):
+        DataCollatorForCompletionOnlyLM(R)([packed])
+    with pytest.warns(UserWarning, match=r"response template \[90, 91\] not found in example\(s\) \[0\]"):
+        batch = DataCollatorForCompletionOnlyLM(R, on_missing_template="mask")([packed])
+    assert batch["labels"].tolist() == [[-100, -100, -100, 5, -100, -100, -100, -100]]
+
+
 def test_flattened_output_has_all_boundary_keys():
     batch = DataCollatorForCompletionOnlyLM(R)([{"input_ids": [1, *R, 2]}, {"input_ids": [*R, 7]}])
     flat = DataCollatorWithFlattening()([{"input_ids": [1, *R, 2]}, {"input_ids": [*R, 7]}])
