@@ -7,10 +7,11 @@ from .packing import pack_lengths, split_lengths
 from .prompt_templates import BUILTIN_TEMPLATES, load_template
 from .row_errors import RowError, SkippedRow
 from .sampler import TokenBudgetBatchSampler, balanced_batches
-from .supervised import load_source, make_supervised_dataset
+from .supervised import EncodeStats, load_source, make_supervised_dataset
 
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "EncodeStats",
     "Encoder",
     "PackedDataset",
     "PackingStats",
