@@ -25,6 +25,11 @@ MASK_COLUMNS = ("completion_mask", "assistant_masks")
 """0/1 columns folded into `labels` at pack time (label -100 where the mask is 0), as the flattening collator does."""
 
 
+def is_list(kind: pa.DataType) -> bool:
+    """Whether an arrow type holds one list per row."""
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
 def row_lengths(column: pa.ChunkedArray) -> np.ndarray:
     """Values per row of a list column, `(num_rows,)` int64; a null row counts -1."""
     return pc.fill_null(pc.list_value_length(column), -1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -44,6 +49,12 @@ def list_array(offsets: np.ndarray, values: pa.Array | np.ndarray) -> pa.Array:
 
 def check_aligned(table: pa.Table, name: str, lengths: np.ndarray) -> None:
     """Raise unless column `name` has one value per token of `input_ids` in every row."""
+    kind = table.schema.field(name).type
+    if not is_list(kind):
+        raise ValueError(
+            f"field {name!r} must hold one value per token (a list per row), got {kind} values; rename it if it is "
+            "not per token (e.g. a class label), or tokenize it into a list."
+        )
     other = row_lengths(table[name])
     bad = np.flatnonzero(other != lengths)
     if bad.size:
@@ -151,8 +162,7 @@ def split_columns(table: pa.Table, lengths: np.ndarray) -> tuple[list[str], list
     for name in table.column_names:
         if name in ("input_ids", "labels", "attention_mask", "position_ids"):
             continue
-        kind = table.schema.field(name).type
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+        if not is_list(table.schema.field(name).type):
             left_out.append(name)
             continue
         per_token = row_lengths(table[name]) == lengths

@@ -104,6 +104,12 @@ def test_misaligned_labels_name_row_and_field():
         pack_dataset(ds, 8)
 
 
+def test_labels_that_are_not_per_token_raise():
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [3]], "labels": [0, 1]})
+    with pytest.raises(ValueError, match=r"field 'labels' must hold one value per token \(a list per row\), got int64"):
+        pack_dataset(ds, 8)
+
+
 def test_missing_input_ids_and_repacking_raise():
     with pytest.raises(ValueError, match="no 'input_ids' column"):
         pack_dataset(datasets.Dataset.from_dict({"text": ["a"]}), 8)
@@ -118,6 +124,8 @@ def test_packed_dataset_dart_signature_and_stat(capsys):
     assert "5 sequences (24 tokens) -> 3 packs" in capsys.readouterr().out
     assert len(packed) == stats.num_packs == 3
     assert sorted(len(packed[i]["input_ids"]) for i in range(len(packed))) == [8, 8, 8]
+    for i in range(len(packed)):
+        assert packed[i]["position_ids"] == [p for n in packed[i]["seq_lengths"] for p in range(n)]
 
 
 def test_packed_rows_flatten_with_restarting_positions():
