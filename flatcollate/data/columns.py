@@ -20,9 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
-
-MASK_COLUMNS = ("completion_mask", "assistant_masks")
-"""0/1 columns folded into `labels` at pack time (label -100 where the mask is 0), as the flattening collator does."""
+from ..collate._features import MASK_KEYS
 
 
 def is_list(kind: pa.DataType) -> bool:
@@ -86,7 +84,7 @@ def fold_masks(table: pa.Table, lengths: np.ndarray) -> tuple[pa.Table, tuple[st
     Raises:
         `ValueError`: a mask or `labels` not aligned with `input_ids`, or a mask value other than 0 and 1.
     """
-    masks = tuple(name for name in MASK_COLUMNS if name in table.column_names)
+    masks = tuple(name for name in MASK_KEYS if name in table.column_names)  # the masks the collator folds
     if not masks:
         return table, ()
     source = "labels" if "labels" in table.column_names else "input_ids"
