@@ -9,12 +9,17 @@ It reads the boundaries a flattening collator emits (`cu_seq_lens_q/k`, `max_len
     flex            flex_attention, CUDA, no dropout                 yes (CPU: forward only)
     sdpa            anything (the only one with attention sinks)     yes
 
-Its mask function builds no mask: boundaries travel as `cu_seq_lens`, never as a dense `T x T` tensor.
+For flattened (and ordinary unpadded) rows its mask function builds no mask: boundaries travel as `cu_seq_lens`,
+never as a dense `T x T` tensor. Rows that are not flattened (padded batches, cached decoding in `generate()`) take
+`padded_attention_forward`: what the unprepared model runs, with the padding mask transformers builds for SDPA.
 """
+
+import sys
 
 import torch
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import capabilities
 from .kernels import KERNELS
@@ -79,19 +84,11 @@ def packed_attention_forward(
     Returns:
         `(torch.Tensor of shape (B, T, Hq, D), None)`, as transformers' attention functions return.
     """
-    if attention_mask is not None:
-        raise ValueError(
-            "The flatcollate attention backend takes no `attention_mask`: a flattened batch has no padding and its "
-            "boundaries come from `cu_seq_lens_q/k` or `position_ids`. Drop `attention_mask` from the batch."
-        )
+    batch, heads, length, head_dim = query.shape
+    if attention_mask is not None or key.shape[2] != length:
+        return padded_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
-    batch, heads, length, head_dim = query.shape
-    if key.shape[2] != length:
-        raise ValueError(
-            f"Query length {length} differs from key length {key.shape[2]}: the flatcollate backend runs training "
-            "forwards without a cache. Call the model with `use_cache=False` and no `past_key_values`."
-        )
     segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     window = kwargs.get("sliding_window")
@@ -104,25 +101,63 @@ def packed_attention_forward(
     return out.reshape(batch, length, heads, value.shape[-1]), None
 
 
-def no_mask(*, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
-    """Mask function of the `flatcollate` backend: no dense mask is ever built.
+def padded_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention for rows that are not flattened: padded batches, and cached decoding (`generate()`).
 
-    A 2-D padding mask would be dropped here, so one with any zero raises instead (one check, only when a mask is
-    passed).
+    Runs what the unprepared model would: transformers' `sdpa` with the padding mask `packed_or_padded_mask` built,
+    or, where SDPA cannot compute the layer (soft-capping, attention sinks), the family's own eager attention.
+
+    Raises:
+        `ValueError` for a flattened batch (`cu_seq_lens_*`) that also has a mask or a cache: its sequences would
+        attend to each other.
     """
-    if attention_mask is not None and attention_mask.ndim == 2 and not bool(attention_mask.all()):
+    if any(kwargs.get(name) is not None for name in ("cu_seq_lens_q", "cu_seq_lens_k")):
         raise ValueError(
-            "The flatcollate attention backend got an `attention_mask` with padding; it keeps sequences apart by "
-            "`cu_seq_lens`/`position_ids`, not by masks. Flatten the batch (`flatcollate.DataCollatorWithFlattening`) "
-            "and drop `attention_mask`, or use `attn_implementation='sdpa'` for padded batches."
+            "The flatcollate attention backend got a flattened batch (`cu_seq_lens`) together with an attention mask "
+            "or a cache; its sequences would attend to each other. Call the model with `use_cache=False` and no "
+            "`attention_mask` (the flattening collators emit none)."
         )
-    return None
+    if kwargs.get("softcap") is None and kwargs.get("s_aux") is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(
+            f"{type(module).__name__} uses soft-capping or attention sinks, which SDPA cannot compute, and its module "
+            "has no `eager_attention_forward` to fall back to for padded batches; flatten the batch instead."
+        )
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # eager adds the mask to the scores
+        additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+        attention_mask = additive.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
+    return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def packed_or_padded_mask(*, attention_mask: torch.Tensor | None = None, q_length: int, kv_length: int, **kwargs):
+    """Mask function of the `flatcollate` backend: no mask for flattened or ordinary rows, SDPA's mask otherwise.
+
+    A row without padding and without cached keys needs no mask: the backend keeps sequences apart by
+    `cu_seq_lens`/`position_ids` and applies sliding windows itself, so no dense `T x T` tensor is ever built for
+    training. Padded batches and cached decoding get the boolean mask transformers builds for SDPA.
+    """
+    if attention_mask is None and q_length == kv_length:
+        return None
+    return sdpa_mask(attention_mask=attention_mask, q_length=q_length, kv_length=kv_length, **kwargs)
 
 
 def register_packed_attention() -> str:
     """Register the `flatcollate` attention and mask functions with transformers (idempotent); returns the name."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, no_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, packed_or_padded_mask)
     return ATTN_IMPLEMENTATION
 
 

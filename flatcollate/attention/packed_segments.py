@@ -84,6 +84,15 @@ def segments_from_position_ids(position_ids: torch.Tensor) -> PackedSegments:
     return segments
 
 
+def _repeat_rows(segments: PackedSegments, rows: int, length: int) -> PackedSegments:
+    """The boundaries of one row of `length` tokens, repeated for `rows` rows read back to back (no host sync)."""
+    starts = segments.cu_seqlens[:-1].long()
+    offsets = torch.arange(rows, device=starts.device)[:, None] * length
+    total = torch.tensor([rows * length], device=starts.device)
+    cu_seqlens = torch.cat([(starts[None] + offsets).reshape(-1), total]).to(CU_SEQLENS_DTYPE)
+    return PackedSegments(cu_seqlens=cu_seqlens, max_length=segments.max_length)
+
+
 def segments_from_kwargs(kwargs: dict, *, total_tokens: int) -> PackedSegments:
     """The collator's boundaries if present, else boundaries derived from `position_ids`.
 
@@ -112,6 +121,11 @@ def segments_from_kwargs(kwargs: dict, *, total_tokens: int) -> PackedSegments:
             "The flatcollate attention backend needs sequence boundaries: pass `cu_seq_lens_q/k` and "
             "`max_length_q/k` (as `flatcollate.DataCollatorWithFlattening` emits) or restarting `position_ids`."
         )
+    rows = total_tokens // max(position_ids.shape[-1], 1)
+    shared = position_ids.dim() == 2 and position_ids.shape[0] == 1 and rows > 1
+    if shared and position_ids.numel() * rows == total_tokens:
+        # Models build `(1, T)` positions for a batch of ordinary rows: every row has the same boundaries.
+        return _repeat_rows(segments_from_position_ids(position_ids), rows, position_ids.shape[-1])
     if position_ids.numel() != total_tokens:
         raise ValueError(
             f"`position_ids` has {position_ids.numel()} entries but the attention inputs hold {total_tokens} tokens; "

@@ -13,9 +13,11 @@ import inspect
 import torch
 
 from .._conventions import FLASH_KWARG_KEYS
-from .boundary_check import check_boundaries
+from .boundary_check import BOUNDARY_KEYS, check_boundaries
 
 GUARD_ATTRIBUTE = "_flatcollate_guard"
+
+_BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)
 
 DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 """Per-example fields a flattening collator consumes. A prepared model declares them in its forward signature so that
@@ -27,28 +29,41 @@ def is_flattened(arguments: dict) -> bool:
 
     Args:
         arguments (`dict`): the forward's keyword arguments; a batch is flattened when it carries `cu_seq_lens_*` /
-            `max_length_*` / `seq_idx`, or `position_ids` (`(B, T)` integer) that restart inside a row.
+            `max_length_*` / `seq_idx`, or `position_ids` (`(B, T)` integer) that restart inside a row. With a 2-D
+            `attention_mask`, only real tokens count: a left-padded row whose real tokens count up from 0 (as
+            `generate()` numbers them) is an ordinary padded row.
 
     >>> is_flattened({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
     True
     >>> is_flattened({"position_ids": torch.tensor([[0, 1, 2, 3, 4]])})
     False
+    >>> mask = torch.tensor([[0, 0, 1, 1, 1]])  # left padding, positions numbered as `generate()` does
+    >>> is_flattened({"position_ids": torch.tensor([[1, 1, 0, 1, 2]]), "attention_mask": mask})
+    False
     """
-    if any(arguments.get(key) is not None for key in (*FLASH_KWARG_KEYS, "seq_idx")):
+    if any(arguments.get(key) is not None for key in _BOUNDARY_KEYS):
         return True
     position_ids = arguments.get("position_ids")
-    if position_ids is None or position_ids.shape[-1] < 2:
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] < 2:
         return False
-    return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
+    mask = arguments.get("attention_mask")
+    if mask is None or mask.dim() != 2 or mask.shape != position_ids.shape or bool(mask.all()):
+        return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
+    # Real tokens of an ordinary row count up by one: position minus the row's running count of real tokens is the
+    # same for all of them. A row whose real tokens restart holds several sequences.
+    real = mask.bool()
+    offset = position_ids - (real.long().cumsum(-1) - 1)
+    largest = torch.where(real, offset, torch.iinfo(offset.dtype).min).amax(-1)
+    smallest = torch.where(real, offset, torch.iinfo(offset.dtype).max).amin(-1)
+    return bool((largest[real.any(-1)] != smallest[real.any(-1)]).any())
 
 
-def _offending(arguments: dict, config) -> list[str]:
+def _offending(arguments: dict) -> list[str]:
     """Arguments that make sequences of a flattened row see each other; checked without touching tensor data."""
     found = []
     if arguments.get("attention_mask") is not None:
         found.append("an `attention_mask` is passed (it turns off packed-sequence detection)")
-    use_cache = arguments.get("use_cache")
-    if use_cache or (use_cache is None and getattr(config, "use_cache", False)):
+    if arguments.get("use_cache"):
         found.append("`use_cache=True` (the cache turns off packed-sequence detection)")
     if arguments.get("past_key_values") is not None:
         found.append("`past_key_values` is given (a cache mixes the sequences' keys)")
@@ -72,7 +87,7 @@ def _guard_hook(model, args: tuple, kwargs: dict):
             f"{type(model).__name__} got a flattened batch, but family {model.config.model_type!r} cannot keep "
             f"sequences apart: {unsupported}. Use padded batches for this model."
         )
-    found = _offending(arguments, model.config)
+    found = _offending(arguments)
     if found and is_flattened(arguments):
         raise ValueError(
             f"{type(model).__name__} got a flattened batch (sequences back to back in one row) but "
@@ -80,17 +95,30 @@ def _guard_hook(model, args: tuple, kwargs: dict):
             + ". Sequences would attend to each other. Call the model with `use_cache=False`, no `attention_mask` and "
             "no `past_key_values` (the flattening collators emit none of them), e.g. `model(**batch, use_cache=False)`."
         )
+    changes = {}
     position_ids = check_boundaries(arguments)
-    if position_ids is None and not kwargs.keys() & set(DATA_COLUMNS):
+    if position_ids is not None:
+        changes["position_ids"] = position_ids
+    cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
+    has_boundaries = any(arguments.get(key) is not None for key in _BOUNDARY_KEYS)
+    if cache_by_default and not found and (has_boundaries or is_flattened(arguments)):
+        # The config's default would build a cache, which turns off packed-sequence detection: a training batch needs
+        # none, so a flattened batch runs without one (the config itself stays as saved).
+        if not model._flatcollate_takes_use_cache:
+            raise ValueError(
+                f"{type(model).__name__} got a flattened batch while `config.use_cache` is on, and its forward takes "
+                "no `use_cache`; set `model.config.use_cache = False` for training."
+            )
+        changes["use_cache"] = False
+    if not changes and not kwargs.keys() & set(DATA_COLUMNS):
         return None
     kwargs = {key: value for key, value in kwargs.items() if key not in DATA_COLUMNS}
-    if position_ids is None:
-        return args, kwargs
-    if "position_ids" in model._flatcollate_signature.bind_partial(*args).arguments:  # passed positionally, as None
+    given_positionally = model._flatcollate_signature.bind_partial(*args).arguments.keys() & changes.keys()
+    if given_positionally:  # passed as None by position: rebind so that nothing is given twice
         bound = model._flatcollate_signature.bind_partial(*args, **kwargs)
-        bound.arguments["position_ids"] = position_ids
+        bound.arguments.update(changes)
         return bound.args, bound.kwargs
-    return args, {**kwargs, "position_ids": position_ids}
+    return args, {**kwargs, **changes}
 
 
 def declare_data_columns(model: torch.nn.Module) -> None:
@@ -141,6 +169,9 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     if existing is not None:
         return existing
     model._flatcollate_signature = inspect.signature(model.forward)
+    model._flatcollate_takes_use_cache = "use_cache" in model._flatcollate_signature.parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in model._flatcollate_signature.parameters.values()
+    )
     declare_data_columns(model)
     handle = model.register_forward_pre_hook(_guard_hook, with_kwargs=True)
     setattr(model, GUARD_ATTRIBUTE, handle)

@@ -19,11 +19,15 @@ def prepare_model_for_flattening(
 ) -> PreTrainedModel:
     """Make `model` exact on flattened batches: no token attends across a sequence boundary.
 
-    It turns the cache off (`config.use_cache=False`, and the generation config's), selects the packed attention
-    backend, runs layers that carry state along the row (Mamba, gated delta rule, short convolutions) once per
-    sequence (`flatcollate.modeling.segment_mixers`), refuses families that cannot be exact, and installs a guard
-    that raises when a flattened batch arrives with an `attention_mask`, `use_cache=True` or `past_key_values` (each
-    silently makes sequences attend to each other in transformers' own backends).
+    It selects the packed attention backend, runs layers that carry state along the row (Mamba, gated delta rule,
+    short convolutions) once per sequence (`flatcollate.modeling.segment_mixers`), refuses families that cannot be
+    exact, and installs a guard on the model's forward. The guard raises when a flattened batch arrives with an
+    `attention_mask`, `use_cache=True` or `past_key_values` (each silently makes sequences attend to each other in
+    transformers' own backends), runs flattened batches without a cache when the config's default would build one,
+    checks `position_ids` against `cu_seq_lens` (deriving them when missing), and lets every other call through.
+
+    The configuration is left as it was (`use_cache`, generation config), so a saved checkpoint is the unprepared
+    model's: ordinary and padded batches, evaluation and cached `generate()` run as before.
 
     Args:
         model (`PreTrainedModel`): a decoder-only causal LM; modified in place.
@@ -41,7 +45,7 @@ def prepare_model_for_flattening(
     >>> from flatcollate.models import tiny_causal_lm
     >>> model = prepare_model_for_flattening(tiny_causal_lm("llama"))
     >>> model.config.use_cache, model.config._attn_implementation
-    (False, 'flatcollate')
+    (True, 'flatcollate')
     """
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"Expected a transformers `PreTrainedModel`, got {type(model).__name__}.")
@@ -68,9 +72,6 @@ def prepare_model_for_flattening(
                 f"{ATTN_IMPLEMENTATION!r} (it uses flash-attn by itself where it is installed) or `None` to keep "
                 "the current backend."
             ) from error
-    model.config.use_cache = False
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.use_cache = False
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
     install_guard(model, unsupported=reason)  # first: its positions, derived from boundaries, reach the next hook

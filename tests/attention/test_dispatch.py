@@ -112,7 +112,8 @@ def test_unknown_backend_and_missing_boundaries_raise():
         packed_attention_forward(torch.nn.Module(), q, k, v, None, backend="nope", **kwargs)
     with pytest.raises(ValueError, match="needs sequence boundaries"):
         packed_attention_forward(torch.nn.Module(), q, k, v, None)
-    with pytest.raises(ValueError, match="takes no `attention_mask`"):
+    # A flattened batch (cu_seq_lens) with a mask or cached keys would mix its sequences: refused.
+    with pytest.raises(ValueError, match=r"(?s)flattened batch.*attention mask or a cache.*attend to each other"):
         packed_attention_forward(torch.nn.Module(), q, k, v, torch.ones(1, 1, 16, 16, dtype=torch.bool), **kwargs)
     with pytest.raises(ValueError, match="use_cache=False"):
         packed_attention_forward(torch.nn.Module(), q, torch.cat([k, k], 2), torch.cat([v, v], 2), None, **kwargs)

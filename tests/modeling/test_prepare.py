@@ -35,9 +35,9 @@ def model(request):
     return prepare_model_for_flattening(tiny_causal_lm(request.param))
 
 
-def test_prepare_sets_cache_off_and_backend(model):
-    assert model.config.use_cache is False
-    assert model.generation_config.use_cache is False
+def test_prepare_selects_the_backend_and_leaves_the_cache_settings(model):
+    assert model.config.use_cache is True
+    assert model.generation_config.use_cache is True
     assert model.config._attn_implementation == "flatcollate"
 
 
@@ -78,10 +78,12 @@ def test_guard_refuses_past_key_values(model):
         model(**batch, past_key_values=DynamicCache(config=model.config))
 
 
-def test_guard_sees_config_use_cache_turned_back_on(model):
+def test_config_use_cache_on_runs_flattened_batches_without_a_cache(model):
     model.config.use_cache = True
+    out = model(**flattened_batch(LENGTHS))
+    assert out.past_key_values is None
     with pytest.raises(ValueError, match="use_cache"):
-        model(**flattened_batch(LENGTHS))
+        model(**flattened_batch(LENGTHS), use_cache=True)
 
 
 def test_guard_reads_positional_attention_mask(model):
@@ -107,14 +109,6 @@ def test_unflattened_batch_with_mask_and_cache_passes_the_guard():
     assert out.logits.shape == (2, 6, 256)
 
 
-def test_padding_mask_with_packed_backend_raises(model):
-    ids = torch.randint(0, 256, (2, 6))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    with pytest.raises(ValueError, match="padding"):
-        model(input_ids=ids, attention_mask=mask)
-
-
 def test_keep_backend_with_none_stays_exact_with_sdpa():
     model = prepare_model_for_flattening(tiny_causal_lm("llama"), attn_implementation=None)
     assert model.config._attn_implementation == "sdpa"
@@ -134,11 +128,11 @@ def test_unsupported_family_raises_naming_family_and_reason():
         prepare_model_for_flattening(model)
     with pytest.warns(UserWarning, match="rwkv"):
         prepare_model_for_flattening(model, strict=False)
-    assert model.config.use_cache is False
     batch = flattened_batch(LENGTHS)
     with pytest.raises(ValueError, match=r"family 'rwkv' cannot keep sequences apart.*carry state"):
         model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
-    assert model(input_ids=batch["input_ids"][:, :5]).logits.shape[:2] == (1, 5)  # unflattened rows still run
+    # Unflattened rows still run (the tiny rwkv's own cache path fails upstream, hence use_cache=False).
+    assert model(input_ids=batch["input_ids"][:, :5], use_cache=False).logits.shape[:2] == (1, 5)
 
 
 def test_rejects_non_transformers_model():
