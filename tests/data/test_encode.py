@@ -53,7 +53,7 @@ def test_chat_labels_are_each_reply_and_its_end_of_turn(tokenizers, shared_data,
     tok = tokenizers(name)
     kwargs, end_of_turn = CHAT[name]
     encoder = pickle.loads(pickle.dumps(build_encoder(tok, format="messages", chat_template_kwargs=kwargs)))
-    rows = read_jsonl(shared_data / "datasets" / "hh_rlhf_harmless_base_test_messages.jsonl", 40)
+    rows = read_jsonl(shared_data / "datasets" / "hh_rlhf_harmless_base_test_messages.jsonl", 15)
     for i, row in enumerate(rows):
         out = encoder(row, index=i)
         reference = tok.apply_chat_template(row["messages"], tokenize=True, **kwargs)["input_ids"]
