@@ -119,7 +119,8 @@ class Encoder:
         """Like calling the encoder, but always raises `RowError` for a bad row."""
         where = f"row {index}" if index is not None else "example"
         if not isinstance(example, dict):
-            raise RowTypeError(f"{where}: expected a dict of fields, got {type(example).__name__}.")
+            message = f"{where}: expected a dict of fields, got {type(example).__name__}."
+            raise RowTypeError(message, reason="not_a_dict")
         fmt = self._format_of(example, where)
         if fmt == "instruction":
             query = self._text(example, self.query_field, where)

@@ -39,10 +39,10 @@ class RowError(ValueError):
 
 
 class RowTypeError(RowError, TypeError):
-    """A field of the wrong type (reason `wrong_type`); also a `TypeError`."""
+    """A row or field of the wrong type (reason `not_a_dict` or `wrong_type`); also a `TypeError`."""
 
-    def __init__(self, message: str):
-        super().__init__(message, reason="wrong_type")
+    def __init__(self, message: str, *, reason: str = "wrong_type"):
+        super().__init__(message, reason=reason)
 
 
 @dataclass(frozen=True)
