@@ -1,14 +1,16 @@
-"""A forward pre-hook that refuses the arguments which make a flattened batch attend across sequences.
+"""A guard in front of a model's forward that refuses the arguments which make a flattened batch attend across
+sequences.
 
 transformers detects packed rows from `position_ids` only when no `attention_mask` and no cache are present; with
 either one, sequences of a flattened row silently attend to each other. The hook raises instead. A batch that carries
 boundaries (`cu_seq_lens_*`, `seq_idx`) has them cross-checked against its `position_ids`, and gets restarting
-positions when it has none (`boundary_check`). An ordinary call costs nothing: the hook looks at tensor data only
+positions when it has none (`boundary_check`). An ordinary call costs nothing: the guard looks at tensor data only
 when one of those arguments is present, on the top-level model, never per layer.
 """
 
 import functools
 import inspect
+from collections.abc import Callable
 
 import torch
 
@@ -70,7 +72,8 @@ def _offending(arguments: dict) -> list[str]:
     return found
 
 
-def _guard_hook(model, args: tuple, kwargs: dict):
+def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Raise for arguments that would mix sequences; the completed `(args, kwargs)`, or None to keep them."""
     arguments = kwargs
     if len(args) > 1:
         arguments = {**model._flatcollate_signature.bind_partial(*args, **kwargs).arguments, **kwargs}
@@ -121,40 +124,44 @@ def _guard_hook(model, args: tuple, kwargs: dict):
     return args, {**kwargs, **changes}
 
 
-def declare_data_columns(model: torch.nn.Module) -> None:
-    """Add `DATA_COLUMNS` to the signature of `model.forward` as keyword-only arguments (once).
+class GuardHandle:
+    """What `install_guard` returns: `remove()` gives `model` back its forward, unguarded."""
 
-    `transformers.Trainer` keeps only the dataset columns that `inspect.signature(model.forward)` names; without this
-    its default `remove_unused_columns=True` removes `seq_lengths` and the masks before the collator sees them, and
-    packed sequences or prompts are trained silently. The new `forward` is the class's own, bound with
-    `functools.partial` (so `copy.deepcopy` and pickling rebind it), carrying only a wider `__signature__`; the guard
-    removes the fields should they ever reach it.
+    def __init__(self, model: torch.nn.Module, previous: Callable | None):
+        self._model, self._previous = model, previous
+
+    def remove(self) -> None:
+        vars(self._model).pop("forward", None)
+        if self._previous is not None:
+            self._model.forward = self._previous
+        vars(self._model).pop(GUARD_ATTRIBUTE, None)
+
+
+def _guarded_forward(model: torch.nn.Module, inner: Callable | None, *args, **kwargs):
+    """`model`'s forward behind the guard: checks (and completes) the arguments, then runs the forward.
+
+    The guard lives in `forward` itself, not in a pre-hook, so that wrappers which call `model.forward(...)` directly
+    (PEFT's LoRA model does) are guarded too.
     """
-    if "forward" in vars(model) and getattr(model.forward, "_flatcollate_columns", False):
-        return
-    signature = inspect.signature(model.forward)
-    parameters = list(signature.parameters.values())
-    variadic = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
-    fixed = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    extra = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
-        for name in DATA_COLUMNS
-        if name not in signature.parameters
-    ]
-    original = model.forward
-    if inspect.ismethod(original) and original.__self__ is model:
-        forward = functools.partial(original.__func__, model)
-    else:  # already replaced by another library: keep calling that
-        forward = functools.partial(original)
-    forward.__signature__ = signature.replace(parameters=fixed + extra + variadic)
-    forward._flatcollate_columns = True
-    model.forward = forward
+    changed = _check_arguments(model, args, kwargs)
+    if changed is not None:
+        args, kwargs = changed
+    for before in model._flatcollate_before_forward:  # e.g. state-carrying layers read the row's boundaries
+        before(model, args, kwargs)
+    if inner is None:
+        return type(model).forward(model, *args, **kwargs)
+    return inner(*args, **kwargs)
 
 
-def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> torch.utils.hooks.RemovableHandle:
-    """Install the flattened-batch guard on `model` (once; a second call returns the first handle).
+def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> GuardHandle:
+    """Put the flattened-batch guard in front of `model.forward` (once; a second call returns the first handle).
 
-    Also declares the collator's per-example fields in the model's forward signature (`declare_data_columns`).
+    The guarded `forward` is `functools.partial(_guarded_forward, model, ...)` (so `copy.deepcopy` and pickling rebind
+    it to the copy). Its `__signature__` is the model's, plus the collator's per-example fields (`DATA_COLUMNS`) as
+    keyword-only arguments: `transformers.Trainer` keeps only the dataset columns that `inspect.signature(model.
+    forward)` names, so without them its default `remove_unused_columns=True` would drop `seq_lengths` and the masks
+    before the collator sees them, and packed sequences or prompts would be trained silently. The fields never reach
+    the model: the guard refuses them.
 
     Args:
         model (`torch.nn.Module`): the top-level model.
@@ -162,17 +169,30 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
             (one check of `position_ids` per forward).
 
     Returns:
-        The hook's `RemovableHandle` (`handle.remove()` uninstalls it).
+        `GuardHandle`: `handle.remove()` uninstalls the guard.
     """
     model._flatcollate_unsupported = unsupported
-    existing = getattr(model, GUARD_ATTRIBUTE, None)
+    existing = vars(model).get(GUARD_ATTRIBUTE)
     if existing is not None:
         return existing
-    model._flatcollate_signature = inspect.signature(model.forward)
-    model._flatcollate_takes_use_cache = "use_cache" in model._flatcollate_signature.parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in model._flatcollate_signature.parameters.values()
+    signature = inspect.signature(model.forward)
+    parameters = signature.parameters
+    model._flatcollate_signature = signature
+    model._flatcollate_takes_use_cache = "use_cache" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
     )
-    declare_data_columns(model)
-    handle = model.register_forward_pre_hook(_guard_hook, with_kwargs=True)
+    model._flatcollate_before_forward = []
+    previous = vars(model).get("forward")
+    inner = None
+    if previous is not None and not (inspect.ismethod(previous) and previous.__self__ is model):
+        inner = previous  # a forward another library set on the instance keeps being called
+    variadic = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    fixed = [p for p in parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    extra = [inspect.Parameter(n, keyword, default=None) for n in DATA_COLUMNS if n not in parameters]
+    forward = functools.partial(_guarded_forward, model, inner)
+    forward.__signature__ = signature.replace(parameters=fixed + extra + variadic)
+    model.forward = forward
+    handle = GuardHandle(model, previous)
     setattr(model, GUARD_ATTRIBUTE, handle)
     return handle

@@ -30,7 +30,9 @@ def prepare_model_for_flattening(
     model's: ordinary and padded batches, evaluation and cached `generate()` run as before.
 
     Args:
-        model (`PreTrainedModel`): a decoder-only causal LM; modified in place.
+        model (`PreTrainedModel`): a decoder-only causal LM, or a PEFT model wrapping one (`get_peft_model(...)`,
+            before or after this call); modified in place. The guard sits in the wrapped model's `forward`, which
+            PEFT calls directly, so both orders are guarded.
         attn_implementation (`str`, *optional*): attention backend to select; `"flatcollate"` (default) is the packed
             backend of `flatcollate.attention`; `None` keeps the model's current one (e.g. `flash_attention_2`).
             A family whose layers do not dispatch through transformers' attention interface (falcon, bloom, mpt)
@@ -40,15 +42,21 @@ def prepare_model_for_flattening(
             then takes padded batches, and the guard refuses every flattened one).
 
     Returns:
-        The same model, prepared.
+        The same model (the PEFT wrapper where one was given), prepared.
 
     >>> from flatcollate.models import tiny_causal_lm
     >>> model = prepare_model_for_flattening(tiny_causal_lm("llama"))
     >>> model.config.use_cache, model.config._attn_implementation
     (True, 'flatcollate')
     """
+    wrapper = None
+    if not isinstance(model, PreTrainedModel) and callable(getattr(model, "get_base_model", None)):
+        wrapper, model = model, model.get_base_model()  # PEFT (LoRA, QLoRA): prepare the model it wraps
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"Expected a transformers `PreTrainedModel`, got {type(model).__name__}.")
+        raise TypeError(
+            "Expected a transformers `PreTrainedModel` (or a PEFT model wrapping one), got "
+            f"{type(wrapper or model).__name__}."
+        )
     reason = unsupported_reason(model)
     if reason is not None:
         message = (
@@ -74,7 +82,7 @@ def prepare_model_for_flattening(
             ) from error
     if model.config._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
-    install_guard(model, unsupported=reason)  # first: its positions, derived from boundaries, reach the next hook
+    install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes
     if reason is None:
         segment_mixers(model)
-    return model
+    return model if wrapper is None else wrapper

@@ -187,7 +187,10 @@ def segment_mixers(model: PreTrainedModel) -> int:
     row = RowBounds()
     model._flatcollate_row = row
     model._flatcollate_checkpointed = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    model.register_forward_pre_hook(_record_bounds, with_kwargs=True)
+    if isinstance(vars(model).get("_flatcollate_before_forward"), list):  # guarded: record after its checks
+        model._flatcollate_before_forward.append(_record_bounds)
+    else:
+        model.register_forward_pre_hook(_record_bounds, with_kwargs=True)
     wrapped = 0
     for module in model.modules():
         if type(module).__name__ in names:
