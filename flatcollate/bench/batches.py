@@ -3,10 +3,15 @@
 Every mode sees exactly the same sequences (random token ids, prompt tokens labelled -100); only the grouping and
 the layout differ. Three sequences of lengths 3, 1 and 2 with batch size 3 (`.` is padding, `|` a boundary)::
 
-    padded       [a a a]  [b . .]  [c c .]      (3, 3) + attention_mask, padded to the longest in the batch
-    padded_max   [a a a . . . .] ... x3         (3, max_length) + attention_mask, the pad-everything baseline
-    flattened    [a a a | b | c c]              (1, 6), restarting position_ids, cu_seq_lens, no attention_mask
-    packed       [a a a | c c | b ...]          (1, <= pack_len) per step: best-fit-decreasing packs, flattened
+    padded        [a a a]  [b . .]  [c c .]     (3, 3) + attention_mask, padded to the longest in the batch
+    padded_max    [a a a . . . .] ... x3        (3, max_length) + attention_mask, the pad-everything baseline
+    hf_flattened  [a a a | b | c c]             (1, 6) from transformers' own `DataCollatorWithFlattening`:
+                                                restarting position_ids only, for the model's own `sdpa`
+    flattened     [a a a | b | c c]             (1, 6), restarting position_ids, cu_seq_lens, no attention_mask
+    packed        [a a a | c c | b ...]         (1, <= pack_len) per step: best-fit-decreasing packs, flattened
+
+`hf_flattened` is the padding-free path a user gets without flatcollate (what TRL's `padding_free=True` uses
+without flash-attn): transformers detects the boundaries from `position_ids` and builds a dense block mask.
 
 Token ids are drawn with numpy from offsets into one flat array: no Python loop over tokens.
 """
@@ -15,12 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import transformers
 
 from .._conventions import IGNORE_INDEX
 from .profiles import LengthProfile, padded_fill
 
 __all__ = [
     "MODES",
+    "PEER_MODE",
     "SyntheticSequences",
     "default_pack_len",
     "has_packing",
@@ -32,8 +39,11 @@ __all__ = [
     "synthetic_sequences",
 ]
 
-MODES = ("padded", "padded_max", "flattened", "packed")
+MODES = ("padded", "padded_max", "hf_flattened", "flattened", "packed")
 """Benchmark modes, in the order they are reported."""
+
+PEER_MODE = "hf_flattened"
+"""transformers' own padding-free path: its `DataCollatorWithFlattening` and the model's `sdpa`, no flatcollate."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +153,9 @@ def step_batches(
 ) -> list[dict]:
     """The batches of one pass over `seqs` in `mode` (see the module docstring).
 
-    `padded`, `padded_max` and `flattened` take consecutive groups of `batch_size` sequences, so they run the same
-    number of optimizer steps; `packed` runs one step per best-fit-decreasing pack of at most `pack_len` tokens.
+    `padded`, `padded_max`, `hf_flattened` and `flattened` take consecutive groups of `batch_size` sequences, so they
+    run the same number of optimizer steps; `packed` runs one step per best-fit-decreasing pack of at most `pack_len`
+    tokens.
     """
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; choose from {MODES}.")
@@ -156,12 +167,15 @@ def step_batches(
     else:
         groups = np.split(order, np.arange(batch_size, len(order), batch_size))
     batches = []
+    hf_collator = transformers.DataCollatorWithFlattening(return_position_ids=True) if mode == PEER_MODE else None
     # One collation per optimizer step.
     for group in groups:
         if mode == "padded":
             batches.append(pad_batch(seqs, group))
         elif mode == "padded_max":
             batches.append(pad_batch(seqs, group, pad_to=max_length))
+        elif mode == PEER_MODE:
+            batches.append(hf_collator(seqs.features(group)))
         elif mode == "flattened":
             batches.append(flattening_collator(seqs.features(group)))
         else:

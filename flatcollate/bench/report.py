@@ -5,19 +5,32 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: the user's backend and global figure state stay untouched
 
+from .batches import PEER_MODE
+
 REPORT_FILES = ("throughput.json", "throughput.md", "throughput.png", "loss_curves.png")
 """What `write_report` puts in its output folder."""
 
+MODE_NAMES = {
+    "padded": "padded to the longest in the batch, attention_mask, sdpa",
+    "padded_max": "padded to max_length, attention_mask, sdpa",
+    PEER_MODE: "transformers' DataCollatorWithFlattening + the model's own sdpa (padding-free without flatcollate)",
+    "flattened": "flatcollate: DataCollatorWithFlattening + prepare_model_for_flattening",
+    "packed": "flatcollate: best-fit-decreasing packs, flattened",
+}
+"""What each mode is, for the legend under the table."""
+
 
 def markdown_table(result: dict) -> str:
-    """One row per mode: real tokens/s (median, min-max), ratio to padded, step time, peak memory, padding, steps."""
+    """One row per mode: real tokens/s (median, min-max), ratio to padded, seconds per optimizer step, peak memory
+    and the memory the timed pass added, padding, optimizer steps per epoch."""
     ratios = result["ratios_vs_padded"]
     on_cpu = result["environment"]["device_type"] == "cpu"
     cpu_header = " x padded, CPU time |" if on_cpu else ""
+    memory = "peak RSS" if on_cpu else "peak CUDA memory"
     lines = [
-        f"| mode | real tokens/s (median, min-max) | x padded (min-max) |{cpu_header} step s "
-        "| peak memory MiB (added) | padding | steps/epoch |",
-        "|---|---|---|---|---|---|---|" + ("---|" if on_cpu else ""),
+        f"| mode | real tokens/s (median, min-max) | x padded (min-max) |{cpu_header} seconds per optimizer step "
+        f"| {memory} MiB | memory added by the pass MiB | padding | optimizer steps |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if on_cpu else ""),
     ]
     for mode, row in result["modes"].items():
         tps = row["tokens_per_s"]
@@ -25,44 +38,95 @@ def markdown_table(result: dict) -> str:
         cpu_text = f" {_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
         lines.append(
             f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} |{cpu_text} "
-            f"{row['step_s']['median']:.3f} | {_mib(row['peak_memory_bytes'])} "
-            f"({_mib(row['peak_memory_over_baseline_bytes'])}) | {row['padding_fraction']:.1%} "
+            f"{row['seconds_per_step']['median']:.3f} | {_mib(row['peak_memory_bytes'])} "
+            f"| {_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
             f"| {row['steps_per_epoch']} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def summary_text(result: dict) -> str:
-    """What `flatcollate bench` prints: the setup, padding efficiency, the table, loss equivalence, skipped modes."""
-    config, pool, env = result["config"], result["pool"], result["environment"]
-    modes = result["modes"]
+def setup_lines(result: dict) -> list[str]:
+    """What was measured where: model and its size, device and threads, profile, sequences, real-token shares."""
+    config, pool, env, model = result["config"], result["pool"], result["environment"], result["model"]
+    device = "CPU" if env["device_type"] == "cpu" else "GPU"
+    threads = f", {env['torch_threads']} torch thread(s) of {env['cpu_count']} cores" if device == "CPU" else ""
     lines = [
-        f"model {config['model']} ({'tiny' if config['tiny'] else 'full'} config), profile {config['profile']}, "
-        f"batch {config['batch_size']}, max_length {config['max_length']}, {config['repeats']} repeats, "
-        f"device {env['device_type']} ({env['device']}), flattened attention {env['flattened_attn']}",
+        f"model {model['model_type']} ({'tiny' if config['tiny'] else 'full'} config: {_params(model)} parameters, "
+        f"hidden {model['hidden_size']}, {model['num_hidden_layers']} layers), {config['dtype']}",
+        f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
+        f"max_length {config['max_length']}, {config['steps']} steps per pass, {config['repeats']} repeats "
+        "(modes interleaved, each warmed up until its step times settle)",
         f"{pool['sequences']} sequences, {pool['real_tokens']} real tokens, mean length {pool['mean_length']:.0f}, "
         f"{pool['truncated']} truncated to max_length",
     ]
-    if "padded" in modes:
-        fill = 1 - modes["padded"]["padding_fraction"]
+    if "padded" in result["modes"]:
+        fill = 1 - result["modes"]["padded"]["padding_fraction"]
+        profile = pool["profile_padded_fill"]
         lines.append(
-            f"padding efficiency of padded batches: {fill:.1%} real tokens "
-            f"(they compute {1 / fill:.2f}x the tokens a flattened batch does)"
+            f"real tokens in padded batches of {config['batch_size']}: {fill:.1%} for these {pool['sequences']} "
+            f"sequences; over the whole '{config['profile']}' profile {profile['truncated']:.1%} truncated to "
+            f"max_length, {profile['untruncated']:.1%} untruncated (a short run draws few of the long tail)"
         )
-    lines += ["", markdown_table(result)]
-    if env["device_type"] == "cpu":
+    return lines
+
+
+def headline_lines(result: dict) -> list[str]:
+    """The figure to quote, its spread, the comparison with transformers' own padding-free path, and a warning
+    when the repeats disagree too much to trust it."""
+    head = result.get("headline")
+    if head is None:
+        return []
+    ratio, repeats = head["flattened_vs_padded"], head["flattened_vs_padded"]["n"]
+    lines = [
+        f"flatcollate (flattened) trains {ratio['median']:.2f}x the {head['metric']} of padded batches "
+        f"(range {ratio['min']:.2f}-{ratio['max']:.2f} over {repeats} repeats)"
+    ]
+    if head["peer_vs_padded"] is not None:
+        peer, versus = head["peer_vs_padded"], head["flattened_vs_peer"]
         lines.append(
-            "x padded, CPU time: the same ratio on this process's CPU seconds, which other processes on a shared "
-            "machine disturb far less than wall-clock time"
+            f"transformers' own padding-free path ({PEER_MODE}): {peer['median']:.2f}x padded "
+            f"(range {peer['min']:.2f}-{peer['max']:.2f}); flatcollate is {versus['median']:.2f}x it "
+            f"(range {versus['min']:.2f}-{versus['max']:.2f})"
         )
-    steps = {mode: row["steps_per_epoch"] for mode, row in modes.items()}
-    lines.append("optimizer steps per epoch: " + ", ".join(f"{m} {n}" for m, n in steps.items()))
+    if head["noisy"]:
+        lines += [
+            "",
+            f"WARNING: the repeats disagree by {head['relative_spread']:.0%} of the median: do not quote these "
+            "figures.",
+            "  Other work is competing for this machine. Rerun when it is quieter, with more repeats "
+            "(--repeats 9); on a shared CPU keep --threads 1.",
+        ]
+    return lines
+
+
+def summary_text(result: dict) -> str:
+    """What `flatcollate bench` prints: the setup, the table with its legend, loss equivalence, skipped modes and,
+    last, the headline."""
+    lines = [*setup_lines(result), "", markdown_table(result), *legend_lines(result)]
     if result["loss_equivalence"]:
         diff = result["loss_equivalence"]["max_abs_loss_diff"]
         lines.append(f"loss curves padded vs flattened: max abs difference {diff:.2e}")
     for mode, reason in result["skipped"].items():
         lines.append(f"skipped {mode}: {reason}")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *headline_lines(result)])
+
+
+def legend_lines(result: dict) -> list[str]:
+    """What the modes and columns mean."""
+    lines = [f"- {mode}: {MODE_NAMES[mode]}" for mode in result["modes"]]
+    lines.append("- real tokens/s counts non-pad tokens only; x padded is the ratio to padded taken within each repeat")
+    if result["environment"]["device_type"] == "cpu":
+        lines.append(
+            "- x padded, CPU time: the same ratio on this process's CPU seconds, which other processes on a shared "
+            "machine disturb far less than wall-clock time"
+        )
+        lines.append(
+            "- memory added by the pass: the process RSS high-water mark of the timed pass minus the RSS before it "
+            "(the process itself holds several hundred MiB)"
+        )
+    else:
+        lines.append("- memory added by the pass: CUDA allocator peak of the timed pass minus the memory before it")
+    return lines
 
 
 def write_report(result: dict, out_dir: str | Path) -> list[Path]:
@@ -71,33 +135,42 @@ def write_report(result: dict, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in REPORT_FILES]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(f"```\n{summary_text(result)}\n```\n\n{markdown_table(result)}")
+    paths[1].write_text(summary_text(result) + "\n")
     plot_throughput(result, paths[2])
     plot_losses(result, paths[3])
     return paths
 
 
 def plot_throughput(result: dict, path: Path) -> None:
-    """Bars of real tokens/s (min-max whiskers) and peak memory per mode."""
+    """Bars of the ratio to padded (min-max whiskers, labelled) and of the memory each timed pass added."""
     modes = list(result["modes"])
-    rows = [result["modes"][m] for m in modes]
-    fig = Figure(figsize=(10, 4))
+    on_cpu = result["environment"]["device_type"] == "cpu"
+    key = "tokens_per_cpu_s" if on_cpu else "tokens_per_s"
+    spreads = [result["ratios_vs_padded"].get(m, {}).get(key) for m in modes]
+    fig = Figure(figsize=(11, 4.5))
     left, right = fig.subplots(1, 2)
-    medians = [r["tokens_per_s"]["median"] for r in rows]
-    errors = [
-        [r["tokens_per_s"]["median"] - r["tokens_per_s"]["min"] for r in rows],
-        [r["tokens_per_s"]["max"] - r["tokens_per_s"]["median"] for r in rows],
-    ]
-    left.bar(modes, medians, yerr=errors, capsize=4, color="tab:blue")
-    left.set_ylabel("real (non-pad) tokens / s")
-    left.set_title("training throughput (median, min-max)")
-    memory = [(r["peak_memory_bytes"] or 0) / 2**20 for r in rows]
-    right.bar(modes, memory, color="tab:orange")
-    right.set_ylabel("peak memory (MiB)")
-    kind = "CUDA allocator peak" if result["environment"]["device_type"] == "cuda" else "process RSS high-water"
-    right.set_title(f"peak memory ({kind})")
-    config = result["config"]
-    fig.suptitle(f"{config['model']} · profile {config['profile']} · batch {config['batch_size']}")
+    if all(spreads):
+        medians = [s["median"] for s in spreads]
+        errors = [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
+        bars = left.bar(modes, medians, yerr=errors, capsize=4, color=[_color(m) for m in modes])
+        left.bar_label(bars, labels=[f"{m:.2f}x" for m in medians], label_type="center", color="white")
+        left.axhline(1.0, color="grey", linewidth=0.8)
+        metric = "real tokens per CPU second" if on_cpu else "real tokens per second"
+        left.set_ylabel(f"{metric}, x padded")
+        left.set_title("training throughput vs padded (median, min-max)")
+    memory = [(result["modes"][m]["peak_memory_over_baseline_bytes"] or 0) / 2**20 for m in modes]
+    bars = right.bar(modes, memory, color="tab:orange")
+    right.bar_label(bars, labels=[f"{m:,.0f}" for m in memory])
+    right.set_ylabel("MiB")
+    right.set_title("memory added by the timed pass (" + ("RSS" if on_cpu else "CUDA allocator") + ")")
+    for ax in (left, right):
+        ax.tick_params(axis="x", labelrotation=20)
+    config, model, env = result["config"], result["model"], result["environment"]
+    device = f"CPU, {env['torch_threads']} thread(s)" if on_cpu else f"GPU {env['device']}"
+    fig.suptitle(
+        f"{model['model_type']} {_params(model)} parameters · {device} · {config['dtype']} · "
+        f"profile {config['profile']} · batch {config['batch_size']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -120,6 +193,15 @@ def plot_losses(result: dict, path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _color(mode: str) -> str:
+    return {"flattened": "tab:green", "packed": "tab:green", PEER_MODE: "tab:purple"}.get(mode, "tab:blue")
+
+
+def _params(model: dict) -> str:
+    count = model["parameters"]
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
 
 
 def _ratio(spread: dict | None) -> str:

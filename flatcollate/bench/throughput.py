@@ -1,16 +1,19 @@
-"""Training throughput and peak memory of padded, padded-to-max, flattened and packed batches, measured in one run.
+"""Training throughput and peak memory of padded, padded-to-max, transformers' own padding-free path, flattened and
+packed batches, measured in one run.
 
 Every mode trains the same model from the same initial weights on the same synthetic sequences (drawn from a length
-profile), for the same number of sequences. Repeats interleave the modes (the order rotates every repeat), so noise
-from a shared machine hits all modes alike, and every ratio to `padded` is taken within one repeat. Each timed pass
-starts after warm-up steps, from freshly reset weights and optimizer, so the loss curves of `padded` and `flattened`
-must coincide: the JSON reports their largest difference.
+profile), for the same number of sequences. Before the first timed pass each mode warms up until its step times
+settle (first calls allocate and pick kernels). Repeats interleave the modes (the order rotates every repeat), so
+noise from a shared machine hits all modes alike, and every ratio to `padded` is taken within one repeat. Each timed
+pass starts after warm-up steps, from freshly reset weights and optimizer, so the loss curves of `padded` and
+`flattened` must coincide: the JSON reports their largest difference.
+
+On a CPU, torch runs one thread unless `threads` says otherwise: on a machine shared with other work, a second
+thread spins waiting for a descheduled sibling and the ratios swing several-fold from run to run.
 """
 
-import os
-import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +24,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 import flatcollate
 
 from ..models import tiny_config
-from .batches import MODES, default_pack_len, has_packing, real_tokens, slot_tokens, step_batches, synthetic_sequences
+from .batches import MODES, PEER_MODE, default_pack_len, has_packing, step_batches, synthetic_sequences
 from .memory import PeakMemory
-from .profiles import load_profile
+from .profiles import load_profile, padded_fill
+from .summary import summarize
 
 CPU_MODEL = {
     "hidden_size": 128,
@@ -36,6 +40,9 @@ CPU_MODEL = {
     "max_position_embeddings": 8192,
 }
 """Default model sizes: small enough for a 2-core CPU, large enough that matrix products dominate Python overhead."""
+
+DEFAULT_MODES = tuple(mode for mode in MODES if mode != "padded_max")
+"""Modes measured unless asked otherwise: padding to `max_length` costs more than all the others together."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +60,16 @@ class ThroughputConfig:
         steps (`int`): optimizer steps of one timed pass in the batch modes; `packed` trains on the same sequences.
         warmup_steps (`int`): untimed steps before every timed pass.
         repeats (`int`): timed passes per mode.
-        modes (`tuple[str, ...]`): subset of `MODES`.
+        modes (`tuple[str, ...]`): subset of `MODES`; by default all but `padded_max`, the slowest by far.
         pack_len (`int`, *optional*): tokens per pack in `packed`; default `default_pack_len`.
         flattened_attn (`str`): attention of the flattened modes; `"auto"` is the `flatcollate` packed backend.
         lr (`float`): AdamW learning rate.
         seed (`int`): seeds the lengths, the token ids and the initial weights.
         device (`str`): `"auto"` (CUDA when available), `"cpu"` or `"cuda"`.
         dtype (`str`): `"float32"` or `"bfloat16"`.
-        threads (`int`, *optional*): CPU threads for torch (`torch.set_num_threads`); on a CPU shared with other
-            work, 1 avoids threads spinning while waiting for a descheduled sibling, which distorts timings.
+        threads (`int`, *optional*): CPU threads for torch during the run (`torch.set_num_threads`, restored
+            afterwards). Default: 1 on a CPU, where more threads on a machine shared with other work spin waiting for
+            a descheduled sibling and distort the timings; unchanged on a GPU.
     """
 
     model: str = "llama"
@@ -72,8 +80,8 @@ class ThroughputConfig:
     max_length: int = 1024
     steps: int = 8
     warmup_steps: int = 1
-    repeats: int = 3
-    modes: tuple[str, ...] = MODES
+    repeats: int = 5
+    modes: tuple[str, ...] = DEFAULT_MODES
     pack_len: int | None = None
     flattened_attn: str = "auto"
     lr: float = 1e-4
@@ -87,18 +95,30 @@ def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
     """Train every mode and collect timings, memory, token counts and losses.
 
     Returns:
-        `dict` (JSON-ready): `config`, `environment`, `pool` (the sequences trained on), `modes` (per mode:
-        tokens/s median and spread, step time, peak memory, padding fraction, steps per epoch, losses),
-        `ratios_vs_padded`, `loss_equivalence` and `skipped` (modes that could not run, with the reason).
+        `dict` (JSON-ready): `config`, `environment`, `headline` (see `summary.headline`), `pool` (the sequences
+        trained on), `modes` (per mode: tokens/s median and spread, seconds per step, peak memory, padding
+        fraction, steps per epoch, losses), `ratios_vs_padded`, `loss_equivalence`, `skipped` (modes that could not
+        run, with the reason) and `model` (type, parameter count, sizes).
     """
     unknown = sorted(set(config.modes) - set(MODES))
     if unknown:
         raise ValueError(f"Unknown mode(s) {unknown} in `modes`; choose from {MODES}.")
     device = resolve_device(config.device)
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    threads = config.threads or (1 if device.type == "cpu" else None)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run(config, device=device, progress=progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> dict:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     model = build_model(config, device=device, dtype=dtype)
+    # transformers' own padding-free path runs on a model flatcollate has not prepared (no packed backend, no guard).
+    peer = build_model(config, device=device, dtype=dtype, prepare=False) if PEER_MODE in config.modes else None
     vocab = model.config.vocab_size
     profile = load_profile(config.profile)
     pool = synthetic_sequences(
@@ -124,22 +144,89 @@ def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
     runs = {mode: [] for mode in modes}
     total = config.repeats * sum(len(batches[m]) + len(warm_batches[m]) for m in modes)
     bar = tqdm(total=total, desc="training steps", unit="step", disable=not progress)
+    settle_passes = {}
+    for mode in modes:
+        bar.set_postfix(warm_up=mode)
+        trained = _model_for(mode, model, peer, flat_attn)
+        warm_up = batches[mode][:SETTLE_STEPS]
+        settle_passes[mode] = settle(trained, warm_up, initial, lr=config.lr, device=device, bar=bar)
     for repeat in range(config.repeats):
         # Rotate the order each repeat so slow phases of a shared machine do not always hit the same mode.
         for mode in modes[repeat % len(modes) :] + modes[: repeat % len(modes)]:
             bar.set_postfix(repeat=repeat, mode=mode)
-            model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat_attn)
-            run_pass(model, warm_batches[mode], initial, lr=config.lr, device=device, bar=bar)
+            trained = _model_for(mode, model, peer, flat_attn)
+            run_pass(trained, warm_batches[mode], initial, lr=config.lr, device=device, bar=bar)
             memory.reset()
-            record = run_pass(model, batches[mode], initial, lr=config.lr, device=device, bar=bar)
+            record = run_pass(trained, batches[mode], initial, lr=config.lr, device=device, bar=bar)
             peak = memory.peak()
             record["peak_memory_bytes"] = peak
             record["added_memory_bytes"] = None if peak is None or memory.baseline is None else peak - memory.baseline
             runs[mode].append(record)
     bar.close()
-    return summarize(
-        config, runs, batches, collate_s, pool=pool, pack_len=pack_len, skipped=skipped, device=device, attn=flat_attn
+    # The real-token share a padded batch of this size has over the whole profile, not only the sequences drawn here.
+    prompt, completion = profile.sample(PROFILE_FILL_SAMPLE, seed=config.seed)
+    profile_fill = {
+        "truncated": padded_fill(np.minimum(prompt + completion, config.max_length), batch_size=config.batch_size),
+        "untruncated": padded_fill(prompt + completion, batch_size=config.batch_size),
+    }
+    result = summarize(
+        config,
+        runs,
+        batches,
+        collate_s,
+        pool=pool,
+        pack_len=pack_len,
+        skipped=skipped,
+        device=device,
+        attn=flat_attn,
+        profile_fill=profile_fill,
+        settle_passes=settle_passes,
     )
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    result["model"] = {
+        "model_type": model.config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **{name: getattr(model.config, name, None) for name in sizes},
+    }
+    return result
+
+
+PROFILE_FILL_SAMPLE = 20_000
+"""Sequences drawn to estimate the profile's own padded real-token share."""
+
+SETTLE_STEPS = 4
+"""Batches of a settling pass: the first ones of the timed pass, so the shapes are those that will be timed."""
+
+SETTLE_TOLERANCE = 0.1
+"""Warm-up ends when a settling pass takes within 10% of the pass before it..."""
+
+MAX_SETTLE_PASSES = 4
+"""... or after this many passes."""
+
+
+def _model_for(mode: str, model, peer, flat_attn: str):
+    """The model a mode trains, with the attention backend it uses selected."""
+    if mode == PEER_MODE:
+        return peer
+    model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat_attn)
+    return model
+
+
+def settle(model, batches, initial, *, lr: float, device: torch.device, bar) -> int:
+    """Untimed passes over `batches` until two consecutive passes take within `SETTLE_TOLERANCE` of each other (at
+    most `MAX_SETTLE_PASSES`): the first passes of a mode pay for allocation and kernel selection.
+
+    Returns:
+        `int`, the passes it took.
+    """
+    previous = None
+    for passes in range(1, MAX_SETTLE_PASSES + 1):
+        bar.total += len(batches)  # warm-up length is not known in advance
+        seconds = sum(run_pass(model, batches, initial, lr=lr, device=device, bar=bar)["step_s"])
+        if previous is not None and abs(seconds - previous) <= SETTLE_TOLERANCE * previous:
+            return passes
+        previous = seconds
+    return MAX_SETTLE_PASSES
 
 
 def resolve_device(name: str) -> torch.device:
@@ -149,8 +236,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(config: ThroughputConfig, *, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    """Random-weight causal LM from the config (no download), in train mode, without a KV cache."""
+def build_model(
+    config: ThroughputConfig, *, device: torch.device, dtype: torch.dtype, prepare: bool = True
+) -> PreTrainedModel:
+    """Random-weight causal LM from the config (no download), in train mode, without a KV cache; `prepare` runs
+    `prepare_model_for_flattening` on it."""
     if config.tiny:
         model_config = tiny_config(config.model, **config.model_overrides)
     else:
@@ -164,9 +254,8 @@ def build_model(config: ThroughputConfig, *, device: torch.device, dtype: torch.
     model_config.use_cache = False
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa", dtype=dtype).to(device)
-    prepare = getattr(flatcollate, "prepare_model_for_flattening", None)
-    if prepare is not None:
-        model = prepare(model) or model
+    if prepare:
+        model = flatcollate.prepare_model_for_flattening(model)
     return model.train()
 
 
@@ -207,88 +296,6 @@ def run_pass(model, batches, initial, *, lr: float, device: torch.device, bar) -
         record["cpu_s"].append(time.process_time() - cpu_start)
         bar.update(1)
     return record
-
-
-def summarize(config, runs, batches, collate_s, *, pool, pack_len, skipped, device, attn) -> dict:
-    """Turn raw per-repeat timings into medians, spreads and ratios to `padded` taken within each repeat."""
-    modes = {}
-    for mode, passes in runs.items():
-        real = sum(real_tokens(b) for b in batches[mode])
-        slots = sum(slot_tokens(b) for b in batches[mode])
-        tps = np.array([real / sum(p["step_s"]) for p in passes])
-        cpu_tps = np.array([real / sum(p["cpu_s"]) for p in passes])
-        step_s = np.concatenate([p["step_s"] for p in passes])
-        peak = [p["peak_memory_bytes"] for p in passes]
-        added = [p["added_memory_bytes"] for p in passes]
-        modes[mode] = {
-            "tokens_per_s": _spread(tps),
-            "tokens_per_cpu_s": _spread(cpu_tps) if device.type == "cpu" else None,
-            "step_s": _spread(step_s),
-            "peak_memory_bytes": None if None in peak else int(np.median(peak)),
-            "peak_memory_over_baseline_bytes": None if None in added else int(np.median(added)),
-            "real_tokens_per_epoch": real,
-            "computed_tokens_per_epoch": slots,
-            "padding_fraction": 1 - real / slots,
-            "steps_per_epoch": len(batches[mode]),
-            "collate_s": collate_s[mode],
-            "losses": passes[0]["losses"],
-        }
-    ratios = {}
-    if "padded" in runs:
-        for mode, passes in runs.items():
-            ratios[mode] = {"tokens_per_s": _repeat_ratios(passes, runs["padded"], "step_s")}
-            if device.type == "cpu":
-                ratios[mode]["tokens_per_cpu_s"] = _repeat_ratios(passes, runs["padded"], "cpu_s")
-            for key in ("peak_memory_bytes", "peak_memory_over_baseline_bytes"):
-                if modes[mode][key] and modes["padded"][key]:
-                    ratios[mode][key.removesuffix("_bytes")] = modes[mode][key] / modes["padded"][key]
-    equivalence = None
-    if "padded" in runs and "flattened" in runs:
-        pairs = zip(runs["padded"], runs["flattened"], strict=True)
-        diff = max(float(np.abs(np.subtract(a["losses"], b["losses"])).max()) for a, b in pairs)
-        equivalence = {"compared": ["padded", "flattened"], "steps": config.steps, "max_abs_loss_diff": diff}
-    return {
-        "config": asdict(config),
-        "environment": _environment(device, attn),
-        "pool": {
-            "sequences": len(pool.lengths),
-            "real_tokens": int(pool.lengths.sum()),
-            "mean_length": float(pool.lengths.mean()),
-            "max_length_seen": int(pool.lengths.max()),
-            "truncated": pool.truncated,
-            "pack_len": int(pack_len),
-        },
-        "modes": modes,
-        "ratios_vs_padded": ratios,
-        "loss_equivalence": equivalence,
-        "skipped": skipped,
-    }
-
-
-def _repeat_ratios(passes: list[dict], baseline: list[dict], key: str) -> dict:
-    """Throughput ratio to the baseline within each repeat: every mode trains the same tokens per pass, so it is the
-    baseline's pass time over this mode's pass time."""
-    base = np.array([sum(p[key]) for p in baseline])
-    return _spread(base / np.array([sum(p[key]) for p in passes]))
-
-
-def _spread(values) -> dict:
-    values = np.asarray(values, dtype=np.float64)
-    median, low, high = float(np.median(values)), float(values.min()), float(values.max())
-    return {"median": median, "min": low, "max": high, "n": int(values.size)}
-
-
-def _environment(device: torch.device, attn: str) -> dict:
-    return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "device_type": device.type,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "flattened_attn": attn,
-        "padded_attn": "sdpa",
-    }
 
 
 def _synchronize(device: torch.device) -> None:

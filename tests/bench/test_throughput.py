@@ -21,8 +21,14 @@ from flatcollate.bench.batches import (
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
 from flatcollate.bench.profiles import LengthProfile, load_profile
-from flatcollate.bench.report import REPORT_FILES, markdown_table, write_report
-from flatcollate.bench.throughput import ThroughputConfig, run_throughput
+from flatcollate.bench.report import REPORT_FILES, headline_lines, markdown_table, summary_text, write_report
+from flatcollate.bench.summary import headline
+from flatcollate.bench.throughput import (
+    MAX_SETTLE_PASSES,
+    PROFILE_FILL_SAMPLE,
+    ThroughputConfig,
+    run_throughput,
+)
 
 TINY = {
     "hidden_size": 32,
@@ -34,8 +40,11 @@ TINY = {
     "vocab_size": 64,
 }
 CONFIG = ThroughputConfig(
-    model_overrides=TINY, profile="gsm8k", batch_size=3, max_length=96, steps=3, warmup_steps=1, repeats=2
+    model_overrides=TINY, profile="gsm8k", batch_size=3, max_length=96, steps=3, warmup_steps=1, repeats=2, modes=MODES
 )
+
+
+THREADS_BEFORE = torch.get_num_threads()
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +98,15 @@ def test_every_mode_trains_on_the_same_tokens(batch_size):
         )
         assert sum(real_tokens(b) for b in built) == total
         counts[mode] = len(built)
+        if mode == "hf_flattened":  # transformers' own collator: boundaries only in the restarting positions
+            assert all(set(b) == {"input_ids", "labels", "position_ids"} for b in built)
         if mode in ("flattened", "packed"):
             assert all("attention_mask" not in b for b in built)
             assert sum(len(b["cu_seq_lens_q"]) - 1 for b in built) == len(seqs.lengths)
         if mode == "packed":
             assert all(b["input_ids"].shape[1] <= 64 for b in built)
     assert counts["padded"] == counts["padded_max"] == counts["flattened"] == -(-len(seqs.lengths) // batch_size)
+    assert counts["hf_flattened"] == counts["flattened"]
 
 
 def test_unknown_mode():
@@ -105,7 +117,17 @@ def test_unknown_mode():
 
 
 def test_result_keys_and_counts(result):
-    assert set(result) == {"config", "environment", "pool", "modes", "ratios_vs_padded", "loss_equivalence", "skipped"}
+    assert set(result) == {
+        "config",
+        "environment",
+        "headline",
+        "pool",
+        "modes",
+        "ratios_vs_padded",
+        "loss_equivalence",
+        "skipped",
+        "model",
+    }
     assert list(result["modes"]) == list(MODES)
     pool = result["pool"]
     assert pool["sequences"] == CONFIG.steps * CONFIG.batch_size
@@ -117,7 +139,7 @@ def test_result_keys_and_counts(result):
         assert row["real_tokens_per_epoch"] == pool["real_tokens"], mode
         assert row["tokens_per_s"]["n"] == CONFIG.repeats
         assert row["tokens_per_cpu_s"]["n"] == CONFIG.repeats  # the tiny run is on the CPU
-        assert row["step_s"]["n"] == CONFIG.repeats * row["steps_per_epoch"]
+        assert row["seconds_per_step"]["n"] == CONFIG.repeats * row["steps_per_epoch"]
         assert row["tokens_per_s"]["min"] <= row["tokens_per_s"]["median"] <= row["tokens_per_s"]["max"]
         assert len(row["losses"]) == row["steps_per_epoch"]
     modes = result["modes"]
@@ -145,7 +167,65 @@ def test_report_files(result, tmp_path):
     assert json.loads(paths[0].read_text())["pool"] == result["pool"]
     table = markdown_table(result)
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == list(MODES)
-    assert "optimizer steps per epoch: padded 3" in paths[1].read_text()
+    text = paths[1].read_text()
+    assert text.count("| mode |") == 1  # the table once
+    assert "seconds per optimizer step" in text and "memory added by the pass" in text
+    assert "step s " not in text
+
+
+def test_peer_mode_is_transformers_own_padding_free_path(result):
+    # It trains an unprepared model on transformers' collator; exact (use_cache=False, no mask): padded's losses.
+    np.testing.assert_allclose(
+        result["modes"]["hf_flattened"]["losses"], result["modes"]["padded"]["losses"], atol=1e-5
+    )
+    head = result["headline"]
+    assert head["metric"] == "real tokens per CPU second"
+    for key in ("flattened_vs_padded", "peer_vs_padded", "flattened_vs_peer"):
+        assert head[key]["min"] <= head[key]["median"] <= head[key]["max"] and head[key]["n"] == CONFIG.repeats
+    assert head["flattened_vs_padded"] == result["ratios_vs_padded"]["flattened"]["tokens_per_cpu_s"]
+    text = summary_text(result)
+    assert text.strip().splitlines()[-2].startswith("flatcollate (flattened) trains")
+    assert "transformers' own padding-free path (hf_flattened)" in text
+
+
+def test_cpu_runs_default_to_one_thread_and_restore_the_setting(result):
+    assert result["environment"]["torch_threads"] == 1
+    assert torch.get_num_threads() == THREADS_BEFORE
+    assert all(1 <= n <= MAX_SETTLE_PASSES for n in result["environment"]["warm_up_passes"].values())
+    assert list(result["environment"]["warm_up_passes"]) == list(MODES)
+
+
+def _runs(padded_s, flattened_s):
+    """Per-repeat records as `run_pass` returns them, one step per pass."""
+    return {
+        "padded": [{"cpu_s": [s], "step_s": [s]} for s in padded_s],
+        "flattened": [{"cpu_s": [s], "step_s": [s]} for s in flattened_s],
+    }
+
+
+def test_headline_is_flagged_when_repeats_disagree():
+    steady = headline(_runs([3.0, 3.0, 3.0], [1.0, 1.02, 0.98]), torch.device("cpu"))
+    assert steady["flattened_vs_padded"]["median"] == pytest.approx(3.0) and not steady["noisy"]
+    assert steady["peer_vs_padded"] is None
+    noisy = headline(_runs([3.0, 3.0, 3.0], [1.0, 2.7, 1.6]), torch.device("cpu"))
+    assert noisy["noisy"] and noisy["relative_spread"] == pytest.approx((3.0 - 3.0 / 2.7) / (3.0 / 1.6))
+    assert headline({"padded": []}, torch.device("cpu")) is None
+
+
+def test_noisy_headline_prints_a_warning_with_what_to_do(result):
+    quiet = headline_lines(result | {"headline": {**result["headline"], "noisy": False}})
+    assert not any("WARNING" in line for line in quiet)
+    loud = headline_lines(result | {"headline": {**result["headline"], "noisy": True, "relative_spread": 0.6}})
+    assert any("WARNING: the repeats disagree by 60%" in line for line in loud)
+    assert any("--repeats" in line and "--threads 1" in line for line in loud)
+
+
+def test_summary_explains_the_real_token_share(result):
+    fill = result["pool"]["profile_padded_fill"]
+    seqs = load_profile("gsm8k").sample(PROFILE_FILL_SAMPLE, seed=CONFIG.seed)
+    assert fill["untruncated"] == pytest.approx(padded_fill(seqs[0] + seqs[1], batch_size=CONFIG.batch_size))
+    text = summary_text(result)
+    assert f"{fill['truncated']:.1%} truncated to max_length, {fill['untruncated']:.1%} untruncated" in text
 
 
 def test_packed_mode_is_skipped_without_packing(monkeypatch):
@@ -193,3 +273,13 @@ def test_bench_is_a_flatcollate_subcommand():
     config = config_from_args(args, profile=args.profile)
     assert callable(args.func) and config.steps == 1 and config.profile == "gsm8k"
     assert config == ThroughputConfig(profile="gsm8k", steps=1)
+
+
+def test_set_keys_are_checked_against_the_config(tmp_path):
+    from flatcollate.bench.cli import validate
+    from flatcollate.cli import UsageError
+
+    config = ThroughputConfig(model_overrides={**TINY, "hidden_sise": 256})
+    with pytest.raises(UsageError, match="no attribute 'hidden_sise'; did you mean hidden_size"):
+        validate(config, tmp_path, set_keys={"hidden_sise"})
+    validate(ThroughputConfig(model_overrides={**TINY, "rms_norm_eps": 1e-5}), tmp_path, set_keys={"rms_norm_eps"})
