@@ -38,12 +38,14 @@ def make_dataset(kind, tokenizer, *, iterable):
         rows = [{"prompt": chat(p, c)[:3], "completion": chat(p, c)[3:]} for p, c in pairs]
     elif kind == "conversational":
         rows = [{"messages": chat(p, c)} for p, c in pairs]
-    else:  # "tokenized": input_ids with a completion_mask column, as TRL's docs describe
-        rows = []
+    else:  # "tokenized": input_ids with a completion_mask column, as TRL's docs describe; "tokenized_both" adds
+        rows = []  # an assistant_masks column (TRL folds it whatever the config) that leaves the last token out
         for p, c in pairs:
             prompt, completion = tokenizer.encode(p), tokenizer.encode(c)
             mask = [0] * len(prompt) + [1] * len(completion)
             rows.append({"input_ids": prompt + completion, "completion_mask": mask})
+            if kind == "tokenized_both":
+                rows[-1]["assistant_masks"] = [1] * (len(mask) - 1) + [0]
     dataset = Dataset.from_list(rows)
     return dataset.to_iterable_dataset() if iterable else dataset
 
@@ -82,6 +84,7 @@ ITERABLE_CASES = [  # every dataset format TRL prepares, through `Trainer`'s pat
 MAP_CASES = [  # pre-tokenized (no tokenizer to fingerprint), through `Trainer`'s path for map-style datasets
     *[("tokenized", {"completion_only_loss": value}) for value in (True, False, None)],
     *[("tokenized", {**PACKED, "max_length": 16, "completion_only_loss": value}) for value in (True, False)],
+    *[("tokenized_both", {"completion_only_loss": value}) for value in (True, False)],
 ]
 
 
