@@ -48,7 +48,8 @@ class DataCollatorForCompletionOnlyLM:
             examples like `DataCollatorWithFlattening` and fold `completion_mask` / `assistant_masks` into `labels`.
         on_missing_template (`"error"` or `"mask"`, defaults to `"error"`): what to do with an example that lacks the
             response template, or the instruction template when one is given: raise naming the example and the
-            template, or mask the whole example with a warning (TRL 0.x's behaviour).
+            template, or mask the whole example with a warning (TRL 0.x's behaviour). A packed example is judged per
+            sequence.
         **flatten_kwargs: passed to `DataCollatorWithFlattening` (e.g. `pad_to_multiple_of`, `return_seq_idx`).
 
     >>> collator = DataCollatorForCompletionOnlyLM(response_template=[9, 9])
@@ -104,8 +105,8 @@ class DataCollatorForCompletionOnlyLM:
         for kind, indices in missing.items():
             if indices:
                 warnings.warn(
-                    f"{kind} template {self._template(kind)!r} not found in example(s) {indices}; their labels are all "
-                    "masked (on_missing_template='mask').",
+                    f"{kind} template {self._template(kind)!r} not found in example(s) {indices}; those examples (or "
+                    "their packed sequences lacking it) get no loss (on_missing_template='mask').",
                     stacklevel=2,
                 )
         batch = self.flattener(masked) if self.padding_free else self._pad(masked)

@@ -156,6 +156,22 @@ def test_packed_example_literal_and_missing_template_per_sequence():
     assert batch["labels"].tolist() == [[-100, -100, -100, 5, -100, -100, -100, -100]]
 
 
+def test_padded_mode_matches_per_example_reference_on_random_lengths():
+    rng = np.random.default_rng(3)
+    collator = DataCollatorForCompletionOnlyLM(R, tokenizer=SimpleNamespace(pad_token_id=0), padding_free=False,
+                                               return_tensors="np")
+    for _ in range(30):
+        examples = [rng.integers(1, 50, int(rng.integers(0, 6))).tolist() + R
+                    + rng.integers(1, 50, int(rng.integers(0, 12))).tolist() for _ in range(int(rng.integers(1, 6)))]
+        batch = collator([{"input_ids": ids} for ids in examples])
+        width = max(len(ids) for ids in examples)
+        for row, ids in enumerate(examples):  # one example at a time, padded by hand
+            pad = width - len(ids)
+            assert batch["input_ids"][row].tolist() == ids + [0] * pad
+            assert batch["labels"][row].tolist() == reference_completion_labels(ids, R) + [-100] * pad
+            assert batch["attention_mask"][row].tolist() == [1] * len(ids) + [0] * pad
+
+
 def test_flattened_output_has_all_boundary_keys():
     batch = DataCollatorForCompletionOnlyLM(R)([{"input_ids": [1, *R, 2]}, {"input_ids": [*R, 7]}])
     flat = DataCollatorWithFlattening()([{"input_ids": [1, *R, 2]}, {"input_ids": [*R, 7]}])
