@@ -304,7 +304,7 @@ def _validate(args: argparse.Namespace) -> None:
         missing = _missing_kernel(backend)
         if missing:
             raise UsageError(f"--backends {backend}: {missing}")
-    _model_argument(args.model)
+    validate_model_argument(args.model)
 
 
 def _known_backends() -> list[str]:
@@ -323,7 +323,7 @@ def _missing_kernel(backend: str) -> str | None:
     return None
 
 
-def _model_argument(model: str) -> None:
+def validate_model_argument(model: str) -> None:
     """Raise `UsageError` unless `model` is a registered model_type or a folder with a config.json."""
     path = Path(model).expanduser()
     if path.is_dir():
