@@ -3,6 +3,7 @@
 from .bins import OnlineBins
 from .examples import encode_row, fit_to_pack
 from .packer import StreamingPacker
+from .skips import StreamStats
 from .sources import InterleavedSource, IterableSource, RowSource, SequenceSource, as_source, interleave
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "OnlineBins",
     "RowSource",
     "SequenceSource",
+    "StreamStats",
     "StreamingPacker",
     "as_source",
     "encode_row",

@@ -9,16 +9,17 @@ import torch
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
 from ..boundaries import position_ids_to_cu_seqlens
 from ..collate._features import MASK_KEYS, unknown_per_token_keys
+from ..data.row_errors import SkippedRow
 
 Overlong = Literal["error", "split", "truncate"]
 OVERLONG_CHOICES = ("error", "split", "truncate")
 
-EncodeFn = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+EncodeFn = Callable[[Mapping[str, Any]], Mapping[str, Any] | SkippedRow]
 
 _KNOWN_KEYS = frozenset({"input_ids", "labels", "attention_mask", "position_ids", "seq_lengths", *MASK_KEYS})
 
 
-def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np.ndarray, np.ndarray]:
+def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np.ndarray, np.ndarray] | SkippedRow:
     """Encode and validate one row; fold its masks into the labels.
 
     A packed row keeps only `input_ids` and `labels`, so `completion_mask` / `assistant_masks` are folded into the
@@ -34,11 +35,13 @@ def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np
     Args:
         row: a mapping; with `encode_fn=None` it must already hold `input_ids` (and optionally `labels`,
             `completion_mask`, `assistant_masks`).
-        encode_fn: per-row callable returning `{"input_ids", "labels"}` (token ids, 1-D ints), optionally with masks.
+        encode_fn: per-row callable returning `{"input_ids", "labels"}` (token ids, 1-D ints), optionally with masks,
+            or a `flatcollate.data.SkippedRow` for a row it refuses (as `build_encoder(..., on_error="skip")` does).
         origin (`str`): where the row came from, for error messages (`"row 12"`).
 
     Returns:
-        `(input_ids, labels)`, both `np.ndarray` of shape `(L,)`, int64; labels default to a copy of the ids.
+        `(input_ids, labels)`, both `np.ndarray` of shape `(L,)`, int64; labels default to a copy of the ids. Or the
+        `SkippedRow` that `encode_fn` returned, as is: only `encode_fn` skips a row, every check here raises.
 
     >>> ids, labels = encode_row({"input_ids": [5, 6, 7]}, encode_fn=None, origin="row 0")
     >>> ids.tolist(), labels.tolist()
@@ -49,8 +52,13 @@ def encode_row(row: Any, *, encode_fn: EncodeFn | None, origin: str) -> tuple[np
     if not isinstance(row, Mapping):
         raise TypeError(f"{origin}: expected a mapping (dict) row, got {type(row).__name__}: {_short(row)}.")
     encoded = encode_fn(row) if encode_fn is not None else row
+    if encode_fn is not None and isinstance(encoded, SkippedRow):
+        return encoded
     if not isinstance(encoded, Mapping):
-        raise TypeError(f"{origin}: `encode_fn` must return a mapping with `input_ids`, got {type(encoded).__name__}.")
+        raise TypeError(
+            f"{origin}: `encode_fn` must return a mapping with `input_ids` (or a `SkippedRow` to skip the row), got "
+            f"{type(encoded).__name__}."
+        )
     if "input_ids" not in encoded:
         fix = "make `encode_fn` return it" if encode_fn is not None else "tokenize first or pass `encode_fn=`"
         raise ValueError(f"{origin}: field `input_ids` is missing (fields: {sorted(encoded)}); {fix}.")

@@ -1,5 +1,6 @@
 """`StreamingPacker`: tokenize, shard and pack a stream on the fly, with a state that resumes exactly."""
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -8,13 +9,17 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
+from ..data.row_errors import SkippedRow
 from .bins import STRATEGY_CHOICES, Item, OnlineBins, Strategy, packs_from_state, packs_to_state
 from .examples import OVERLONG_CHOICES, EncodeFn, Overlong, encode_row, fit_to_pack
+from .skips import SkipCounter, StreamStats, empty_skips, rows_read
 from .sources import RowSource, as_source
-from .state import check_state
+from .state import check_state, upgrade_state
 
-# 2: sources are identified by content, not only by kind and row count.
-_STATE_VERSION = 2
+# 2: sources are identified by content, not only by kind and row count. 3: rows skipped by `encode_fn` are counted.
+_STATE_VERSION = 3
+
+logger = logging.getLogger(__name__)
 
 
 class StreamingPacker(IterableDataset):
@@ -42,11 +47,21 @@ class StreamingPacker(IterableDataset):
     configuration (pack length, buffer, strategy, rank, world size, worker count) or from other data (sources are
     compared by kind, size and a content fingerprint) is refused, and so is a corrupted state.
 
+    Skipped rows: `encode_fn` may return a `flatcollate.data.SkippedRow` (as `build_encoder(..., on_error="skip")`
+    does) for a row it cannot encode. That row goes into no pack; it is counted by reason, the first row of each reason
+    is logged as a warning with its origin and message, and a reader whose pass skipped rows logs its totals when the
+    source runs out. `stats()` gives the counts (a `StreamStats`: rows read, rows encoded, skipped rows per reason with
+    their first origins and message). Each reader (DataLoader worker of a rank) counts the rows it owns: the counts
+    are part of its `state_dict()`, so a resumed run reports the totals of an uninterrupted one, and
+    `StreamStats.from_state(loader.state_dict())` sums a rank's workers. Every other bad row still raises, including
+    a non-mapping row and anything wrong with what `encode_fn` returned.
+
     Args:
         source: a list or map-style `datasets.Dataset` (resumes by index), a `datasets.IterableDataset` (resumes from
             its own state), the result of `interleave(...)`, or any re-iterable of rows (resumes by replaying it).
         pack_len (`int`): most tokens in a packed row.
-        encode_fn: per-row callable returning `{"input_ids", "labels"}`; `None` when rows are already tokenized.
+        encode_fn: per-row callable returning `{"input_ids", "labels"}`, or a `SkippedRow` to skip the row; `None`
+            when rows are already tokenized.
         buffer_size (`int`, defaults to 64): most sequences held in open bins.
         strategy (`"greedy"` or `"best_fit"`, defaults to `"best_fit"`): how a sequence picks its bin.
         overlong (`"error"`, `"split"` or `"truncate"`, defaults to `"error"`): what happens to a sequence longer than
@@ -98,6 +113,8 @@ class StreamingPacker(IterableDataset):
         self._bins: OnlineBins | None = None
         self._pending: list[list[Item]] = []
         self._resume: dict | None = None
+        self._skips = SkipCounter()
+        self._reader = (0, 1)  # (this reader, number of readers), set per pass
 
     def _config(self) -> dict:
         worker = get_worker_info()
@@ -120,12 +137,14 @@ class StreamingPacker(IterableDataset):
         self.source.load_state_dict(None if state is None else state["source"])
         self._bins = OnlineBins(pack_len=self.pack_len, buffer_size=self.buffer_size, strategy=self.strategy)
         self._pending = []
+        self._skips.load_state_dict(None if state is None else state["skipped"])
         if state is not None:
             self._bins.load_state_dict(state["bins"])
             self._pending = packs_from_state(state["pending"])
         config = self._config()
         reader = config["rank"] * config["num_workers"] + config["worker_id"]
-        return self._generate(self._bins, reader, config["world_size"] * config["num_workers"])
+        self._reader = (reader, config["world_size"] * config["num_workers"])
+        return self._generate(self._bins, *self._reader)
 
     def _generate(self, bins: OnlineBins, reader: int, num_readers: int) -> Iterator[dict[str, Any]]:
         yield from self._yield_all(bins, self._pending)
@@ -138,12 +157,18 @@ class StreamingPacker(IterableDataset):
                 continue
             row, origin = taken
             example_id = self.source.position - 1
-            input_ids, labels = encode_row(row, encode_fn=self.encode_fn, origin=origin)
+            encoded = encode_row(row, encode_fn=self.encode_fn, origin=origin)
+            if isinstance(encoded, SkippedRow):
+                self._skips.add(encoded, origin=origin)
+                continue
+            input_ids, labels = encoded
             pieces = fit_to_pack(input_ids, labels, pack_len=self.pack_len, overlong=self.overlong, origin=origin)
             ready = [pack for ids, lab in pieces for pack in bins.add(Item(example_id, ids, lab))]
             # Every pack decided by this row is yielded before the next row is read, so the state between two
             # yields still holds the packs not yet yielded: they are put back in front until they leave.
             yield from self._yield_all(bins, ready)
+        if self._skips.counts:
+            logger.warning("StreamingPacker reader %d of %d: %s", reader, num_readers, self.stats())
         yield from self._yield_all(bins, bins.flush())
 
     def _yield_all(self, bins: OnlineBins, ready: list[list[Item]]) -> Iterator[dict[str, Any]]:
@@ -174,13 +199,33 @@ class StreamingPacker(IterableDataset):
             if self._resume is not None:
                 return self._resume
             empty = packs_to_state([])
-            return {"config": self._config(), "source": None, "bins": empty, "pending": empty}
+            return {"config": self._config(), "source": None, "bins": empty, "pending": empty, "skipped": empty_skips()}
         return {
             "config": self._config(),
             "source": self.source.state_dict(),
             "bins": self._bins.state_dict(),
             "pending": packs_to_state(self._pending),
+            "skipped": self._skips.state_dict(),
         }
+
+    def stats(self) -> StreamStats:
+        """Rows this reader read, encoded and skipped (by reason) in its current pass, or the pass a loaded state is in.
+
+        >>> from flatcollate.data import SkippedRow
+        >>> rows = [{"input_ids": [1, 2]}, {"input_ids": []}, {"input_ids": [3]}]
+        >>> def encode(row):
+        ...     return row if row["input_ids"] else SkippedRow(None, "empty_field", "example: no tokens")
+        >>> packer = StreamingPacker(rows, pack_len=8, encode_fn=encode)
+        >>> [p["seq_lengths"] for p in packer]
+        [[2, 1]]
+        >>> print(packer.stats())
+        encoded 2 of 3 rows
+          skipped 1 (empty_field): rows row 1; first: example: no tokens
+        """
+        if self._bins is None:
+            return StreamStats.from_state(self.state_dict())
+        reader, num_readers = self._reader
+        return self._skips.stats(rows_read(self.source.position, reader=reader, num_readers=num_readers))
 
     def load_state_dict(self, state: dict) -> None:
         """Resume the next pass from `state`.
@@ -188,6 +233,7 @@ class StreamingPacker(IterableDataset):
         The whole state is checked first (see `flatcollate.streaming.state`): a state saved under another
         configuration or from other data, or one that is corrupted, raises `ValueError` naming what is wrong.
         """
+        state = upgrade_state(state, version=_STATE_VERSION)
         check_state(state, config=self._config(), source=self.source)
         self._resume = state
 

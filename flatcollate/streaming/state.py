@@ -7,13 +7,16 @@ readers) and describes a point this stream can reach. What is checked::
     source    the source's own check: position an int in [0, row count] for sized sources, >= 0 otherwise
     bins      a packs state (below) of at most buffer_size sequences
     pending   a packs state
+    skipped   rows `encode_fn` skipped (see `flatcollate.streaming.skips`): a count >= 1 per reason, at most as
+              many in all as this reader read before the saved position, and the first origins and message per reason
 
     packs state   pack_sizes (P,)  example_ids (N,)  lengths (N,)  input_ids (T,)  labels (T,)   1-D int64 tensors
                   every pack non-empty, sum(pack_sizes) = N, 1 <= lengths <= pack_len, sum(lengths) = T,
                   every pack's tokens <= pack_len, ids >= 0,
                   example ids read before the saved position, owned by this reader, non-decreasing inside a pack
 
-Anything else raises `ValueError` that names what is wrong and says to start from scratch without loading it.
+Anything else raises `ValueError` that names what is wrong and says to start from scratch without loading it. A state
+of version 2 (saved before skipped rows were counted, when no row could be skipped) is read as one with no skips.
 """
 
 from typing import Any
@@ -21,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .skips import empty_skips, rows_read, skips_problem
 from .sources import RowSource
 
-STATE_KEYS = ("config", "source", "bins", "pending")
+STATE_KEYS = ("config", "source", "bins", "pending", "skipped")
 PACK_KEYS = ("pack_sizes", "example_ids", "lengths", "input_ids", "labels")
 
 
@@ -66,6 +70,20 @@ def check_state(state: Any, *, config: dict, source: RowSource) -> None:
     buffered = state["bins"]["lengths"].numel()
     if buffered > config["buffer_size"]:
         raise _corrupt(f"`bins` holds {buffered} sequences, more than buffer_size={config['buffer_size']}")
+    problem = skips_problem(state["skipped"], num_rows=rows_read(position, reader=reader, num_readers=num_readers))
+    if problem is not None:
+        raise _corrupt(f"`skipped`: {problem}")
+
+
+def upgrade_state(state: Any, *, version: int) -> Any:
+    """A version 2 state as the current `version`: it has no `skipped` (no row could be skipped then), so none were.
+
+    Anything else comes back unchanged, for `check_state` to judge.
+    """
+    config = state.get("config") if isinstance(state, dict) else None
+    if isinstance(config, dict) and config.get("version") == 2 and "skipped" not in state:
+        return {**state, "config": {**config, "version": version}, "skipped": empty_skips()}
+    return state
 
 
 def _packs_problem(packs: Any, *, pack_len: int, position: int, reader: int, num_readers: int) -> str | None:

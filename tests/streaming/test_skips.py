@@ -181,6 +181,7 @@ def test_packer_resume_keeps_counts_and_does_not_warn_again(caplog):
     resumed.load_state_dict(state)
     assert resumed.stats() == StreamStats.from_state(state)  # before the first item is drawn
     caplog.set_level(logging.WARNING, logger=LOGGER)
+    caplog.clear()
     assert head + [p["input_ids"].tolist() for p in resumed] == full_packs
     assert resumed.stats() == full.stats()
     warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("row ")]
@@ -274,7 +275,7 @@ def conversations(shared_data):
     return rows
 
 
-def test_build_encoder_skips_conversations_without_reply(conversations, tokenizer_dir, caplog):
+def test_build_encoder_skips_conversations_without_a_final_reply(conversations, tokenizer_dir, caplog):
     transformers = pytest.importorskip("transformers")
     from flatcollate.data import build_encoder
 
@@ -288,11 +289,17 @@ def test_build_encoder_skips_conversations_without_reply(conversations, tokenize
         cuts = np.cumsum(pack["seq_lengths"])[:-1]
         for example_id, ids in zip(pack["example_ids"], np.split(pack["input_ids"].numpy(), cuts), strict=True):
             pieces[example_id] = ids.tolist()
-    skipped = set(range(0, 45, 3))
-    assert set(pieces) == set(range(45)) - skipped
+    assert set(pieces) == set(range(45)) - set(range(0, 45, 3))
     assert all(pieces[i] == encoder(conversations[i])["input_ids"] for i in pieces)
+    # A cut conversation that still holds a reply ends without one; a cut single-turn one has no reply at all.
+    has_reply = {i: any(m["role"] == "assistant" for m in conversations[i]["messages"]) for i in range(0, 45, 3)}
+    reasons = {i: "ends_without_reply" if reply else "no_assistant" for i, reply in has_reply.items()}
     stats = packer.stats()
-    assert stats.skipped == {"ends_without_reply": 15} and stats.num_encoded == 30
-    assert stats.first_skipped["ends_without_reply"] == ["row 0", "row 3", "row 6", "row 9", "row 12"]
-    warned = [r.getMessage() for r in caplog.records if "ends_without_reply" in r.getMessage()]
-    assert warned and warned[0].startswith("row 0: ")
+    assert stats.num_rows == 45 and stats.num_encoded == 30
+    assert stats.skipped == {reason: list(reasons.values()).count(reason) for reason in set(reasons.values())}
+    assert stats.skipped["ends_without_reply"] > 0
+    for reason in stats.skipped:
+        rows = [i for i, r in reasons.items() if r == reason]
+        assert stats.first_skipped[reason] == [f"row {i}" for i in rows[:5]]
+        warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"row {rows[0]}: skipped")]
+        assert len(warned) == 1 and f"({reason}): example: field 'messages'" in warned[0]
