@@ -31,7 +31,7 @@ def make_supervised_dset(
         data_path (path, `datasets.Dataset`, or a list of them).
         query_field (`str`, *optional*, defaults to `"query"`), resp_field (`str`, *optional*, defaults to
             `"response"`): field names of the question and the answer.
-        prompt_template (`str` or `dict`, *optional*, defaults to `"alpaca"`): see `flatcollate.data.templates`.
+        prompt_template (`str` or `dict`, *optional*, defaults to `"alpaca"`): see `flatcollate.data.prompt_templates`.
         shuffle_seed (`int`, *optional*, defaults to 42): `None` keeps the order.
         tokenized_cache_home (`str`, *optional*): cache folder for the tokenized dataset.
         num_proc (`int`, *optional*): tokenization workers.
