@@ -1,4 +1,4 @@
-"""Streaming real GSM8K rows through a real tokenizer (a small local encoder: `flatcollate.data` has none yet)."""
+"""Streaming real GSM8K rows through real tokenizers: a small local encoder, and `flatcollate.data.build_encoder`."""
 
 import itertools
 import json
