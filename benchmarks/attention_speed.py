@@ -4,8 +4,10 @@ Packed: all sequences in one row, `flatcollate`'s packed attention (on CPU the p
 best kernel available). Padded: the sequences in a `(B, H, max L, D)` batch, SDPA with a causal + padding mask, which
 is what a padded batch costs. Both run in one process, interleaved, so their ratio is measured side by side.
 
-    python benchmarks/attention_speed.py                       # CPU, small sizes
-    python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --scale 8
+    python benchmarks/attention_speed.py                       # CPU, small sizes; prints the table
+    python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --scale 8 --output results/attention_speed
+
+With `--output` it also writes `<device>.json` and `<device>.md` into that folder.
 """
 
 import argparse
@@ -134,6 +136,9 @@ def measure(config: Config) -> Result:
 
 
 def _iqr(values: list[float]) -> float:
+    """Interquartile range; 0 for a single repeat, which has no spread to show."""
+    if len(values) < 2:
+        return 0.0
     q1, _, q3 = statistics.quantiles(values, n=4)
     return q3 - q1
 
@@ -154,13 +159,17 @@ def to_markdown(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     parser.add_argument("--scale", type=int, default=1, help="multiply every sequence length")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/attention_speed"))
+    parser.add_argument("--repeats", type=int, default=7, help="timed forward + backward passes per kernel")
+    parser.add_argument("--output", type=Path, default=None, help="folder for <device>.json and <device>.md")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.scale < 1:
+        parser.error(f"--repeats and --scale must be at least 1, got {args.repeats} and {args.scale}")
     configs = [
         Config(name=name, lengths=lengths, device=args.device, dtype=args.dtype, repeats=args.repeats)
         for name, lengths in length_mixes(args.scale).items()
@@ -168,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     results = [measure(config) for config in tqdm(configs, desc="length mixes")]
     table = to_markdown(results)
     print(f"device={args.device} dtype={args.dtype} torch={torch.__version__}\n{table}")
+    if args.output is None:
+        return 0
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / f"{args.device}.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
     (args.output / f"{args.device}.md").write_text(table + "\n")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from tqdm.auto import tqdm
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from flatcollate import DataCollatorWithFlattening
@@ -81,18 +82,24 @@ def time_collator(collate, batches, cfg: Config) -> list[float]:
     return per_call
 
 
-def run(cfg: Config) -> list[Result]:
+def run(cfg: Config, *, progress: bool = True) -> list[Result]:
     results = []
+    bar = tqdm(total=len(cfg.profiles) * len(cfg.input_kinds) * len(collators()), unit="collator", disable=not progress)
     for profile in cfg.profiles:
         for kind in cfg.input_kinds:
             batches = make_batches(cfg, profile, kind)
             tokens = float(np.mean([sum(len(f["input_ids"]) for f in b) for b in batches]))
-            timings = {name: time_collator(c, batches, cfg) for name, c in collators().items()}
+            timings = {}
+            for name, collator in collators().items():
+                bar.set_description(f"{profile} {kind} {name}")
+                timings[name] = time_collator(collator, batches, cfg)
+                bar.update(1)
             ours = statistics.median(timings["flatcollate"])
             for name, values in timings.items():
                 q = np.percentile(values, [10, 50, 90])
                 results.append(Result(profile, kind, name, tokens, float(q[1]), float(q[0]), float(q[2]),
                                       {"vs_flatcollate": float(q[1]) / ours}))
+    bar.close()
     return results
 
 
@@ -110,9 +117,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
     parser.add_argument("--repeats", type=int, default=Config.repeats)
     parser.add_argument("--batch-size", type=int, default=Config.batch_size)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     cfg = Config(repeats=args.repeats, batch_size=args.batch_size)
-    results = run(cfg)
+    results = run(cfg, progress=not args.no_progress)
     table = markdown(results)
     print(table)
     if args.out:

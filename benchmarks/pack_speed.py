@@ -17,6 +17,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import trl
+from tqdm.auto import tqdm
 from trl.data_utils import pack_dataset as trl_pack_dataset
 
 from flatcollate.bench import load_profile
@@ -55,12 +56,13 @@ def make_dataset(profile: str, cfg: Config) -> datasets.Dataset:
     return datasets.Dataset(pa.table({"input_ids": column}))
 
 
-def measure(pack, dataset: datasets.Dataset, cfg: Config) -> tuple[list[float], datasets.Dataset]:
+def measure(pack, dataset: datasets.Dataset, cfg: Config, bar) -> tuple[list[float], datasets.Dataset]:
     times, packed = [], None
     for _ in range(cfg.repeats):
         start = time.perf_counter()
         packed = pack(dataset)
         times.append(time.perf_counter() - start)
+        bar.update(1)
     return times, packed
 
 
@@ -69,19 +71,23 @@ def fill_of(packed: datasets.Dataset, pack_len: int) -> tuple[int, float]:
     return len(packed), float((offsets[-1] - offsets[0]) / (len(packed) * pack_len))
 
 
-def run(cfg: Config) -> list[Result]:
+def run(cfg: Config, *, progress: bool = True) -> list[Result]:
     packers = {
         "flatcollate": lambda ds: pack_dataset(ds, cfg.pack_len, strategy="bfd"),
         "trl": lambda ds: trl_pack_dataset(ds, cfg.pack_len, strategy="bfd"),
     }
     results = []
+    bar = tqdm(total=len(cfg.profiles) * len(packers) * cfg.repeats, unit="pass", disable=not progress)
     for profile in cfg.profiles:
+        bar.set_description(f"{profile}: building the dataset")
         dataset = make_dataset(profile, cfg)
         for name, pack in packers.items():
-            times, packed = measure(pack, dataset, cfg)
+            bar.set_description(f"{profile} {name}")
+            times, packed = measure(pack, dataset, cfg, bar)
             packs, fill = fill_of(packed, cfg.pack_len)
             results.append(Result(profile, name, len(dataset), statistics.median(times), min(times), max(times),
                                   packs, fill))
+    bar.close()
     return results
 
 
@@ -102,10 +108,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--pack-len", type=int, default=Config.pack_len)
     parser.add_argument("--repeats", type=int, default=Config.repeats)
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     datasets.disable_progress_bars()
     cfg = Config(num_sequences=args.num_sequences, pack_len=args.pack_len, repeats=args.repeats)
-    results = run(cfg)
+    results = run(cfg, progress=not args.no_progress)
     table = markdown(results)
     print(table)
     if args.out:

@@ -1,6 +1,7 @@
 """TRL `SFTTrainer` with `padding_free=True`, collated by flatcollate through `FlatSFTTrainer`.
 
-    python examples/sft_trainer_padding_free.py --tokenizer ../shared/data/tokenizers/gpt2
+    python examples/sft_trainer_padding_free.py                              # offline, a word-level stand-in
+    python examples/sft_trainer_padding_free.py --tokenizer path/to/tokenizer  # any local tokenizer folder
 
 TRL refuses a custom collator when `padding_free=True`; `FlatSFTTrainer` lets TRL prepare the dataset (here
 pre-tokenized prompt/completion ids with a `completion_mask`, folded into labels by TRL), then collates with
@@ -9,16 +10,25 @@ pre-tokenized prompt/completion ids with a `completion_mask`, folded into labels
 
 import argparse
 import tempfile
-from pathlib import Path
 
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from trl import SFTConfig
 
 from flatcollate.integrations.trl import FlatSFTTrainer
 from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sft_dataset
 
-DEFAULT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers" / "gpt2"
+
+def offline_tokenizer(vocab_size: int = 256) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer built in memory (no download): the examples' ids are random, so any vocabulary of the
+    right size serves; `<pad>` and `<eos>` are its last two ids."""
+    vocab = {f"t{i}": i for i in range(vocab_size - 2)} | {"<pad>": vocab_size - 2, "<eos>": vocab_size - 1}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
 
 
 def to_completion_mask(row: dict) -> dict:
@@ -28,12 +38,14 @@ def to_completion_mask(row: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="a local tokenizer folder")
+    parser.add_argument(
+        "--tokenizer", default=None, help="a local tokenizer folder (default: an offline word-level tokenizer)"
+    )
     parser.add_argument("--num-examples", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer = offline_tokenizer() if args.tokenizer is None else AutoTokenizer.from_pretrained(args.tokenizer)
     vocab = len(tokenizer)
     dataset = synthetic_sft_dataset(args.num_examples, vocab_size=vocab, seed=args.seed, max_tokens=256)
     dataset = dataset.map(to_completion_mask).remove_columns("labels")

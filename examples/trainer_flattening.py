@@ -1,5 +1,6 @@
 """Train a tiny Llama with `transformers.Trainer` on flattened batches, beside the padded run of the same data.
 
+    python examples/trainer_flattening.py                                   # gsm8k lengths, 64 examples
     python examples/trainer_flattening.py --profile flan --num-examples 64 --batch-size 8
 
 Both runs see the same examples in the same order, so they take the same optimizer steps and log the same losses;

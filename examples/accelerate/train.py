@@ -1,6 +1,8 @@
 """Train a tiny causal LM on a streamed, packed dataset with `accelerate launch` (DDP or FSDP), exact loss scaling.
 
-    accelerate launch --config_file examples/accelerate/ddp_cpu.yaml examples/accelerate/train.py --output out/
+    python examples/accelerate/train.py                                                    # one process, CPU
+    ACCELERATE_USE_CPU=true torchrun --nproc_per_node 2 examples/accelerate/train.py       # DDP on the CPU
+    accelerate launch --config_file examples/accelerate/ddp.yaml examples/accelerate/train.py --output out/  # GPUs
 
 Each rank packs its own share of the stream (`StreamingPacker` shards rows by index over ranks), so the DataLoader is
 not passed through `accelerator.prepare`. Every optimizer step counts label tokens (or sequences) over all its
@@ -8,7 +10,8 @@ micro-batches on all ranks first, then each micro-batch's loss is divided by tha
 that of the global batch, however it was packed, accumulated or sharded. Ranks whose share of the stream runs out first
 join the remaining steps with zero-loss micro-batches, so every example is trained on exactly once per epoch.
 
-Writes `result.pt` (rank 0): per step the global loss, the sorted example ids trained on, and the synced gradients.
+With `--output`, writes `result.pt` (rank 0): per step the global loss, the sorted example ids trained on, and the
+synced gradients.
 """
 
 import argparse
@@ -47,7 +50,7 @@ def collate(packs: list[dict]) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--output", type=Path, default=None, help="folder for result.pt (default: nothing written)")
     parser.add_argument("--num-examples", type=int, default=40)
     parser.add_argument("--pack-len", type=int, default=64)
     parser.add_argument("--packs-per-micro-batch", type=int, default=1)
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.zero_grad()
         accelerator.print(f"step {len(steps)}: loss {steps[-1]['loss']:.6f}, {total} {args.normalization}s")
 
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
         torch.save({"world_size": world_size, "steps": steps}, args.output / "result.pt")
     # Let gloo's worker threads release the last collectives' tensors while this thread waits without the GIL; the

@@ -161,6 +161,7 @@ def plot_throughput(result: dict, path: Path) -> None:
     memory = [(result["modes"][m]["peak_memory_over_baseline_bytes"] or 0) / 2**20 for m in modes]
     bars = right.bar(modes, memory, color="tab:orange")
     right.bar_label(bars, labels=[f"{m:,.0f}" for m in memory])
+    right.margins(y=0.12)  # room for the labels above the tallest bar
     right.set_ylabel("MiB")
     right.set_title("memory added by the timed pass (" + ("RSS" if on_cpu else "CUDA allocator") + ")")
     for ax in (left, right):

@@ -1,0 +1,101 @@
+"""Every example runs as its docstring says, from a fresh clone: no arguments, no downloads, no shared data.
+
+The commands are read from each example's docstring (`python examples/...` lines), so a docstring that names a
+missing file or option fails here.
+"""
+
+import importlib.util
+import math
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
+
+
+def docstring_commands(path: Path) -> list[list[str]]:
+    """The argument lists of the `python examples/...` lines in a script's docstring (comments dropped)."""
+    module_doc = path.read_text().split('"""')[1]
+    commands = []
+    for line in module_doc.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["python"]:
+            assert (ROOT / words[1]).is_file(), f"{path.name} names {words[1]}, which does not exist"
+            commands.append(words[1:])
+    return commands
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_example_documents_a_command_without_arguments():
+    assert EXAMPLES
+    for path in EXAMPLES:
+        assert [path.relative_to(ROOT).as_posix()] in docstring_commands(path), path.name
+
+
+def test_docstring_files_exist():
+    for path in [*EXAMPLES, *(ROOT / "examples").rglob("*.yaml")]:
+        text = path.read_text()
+        for word in text.replace("`", " ").split():
+            if word.startswith("examples/") and word.endswith((".py", ".yaml")):
+                assert (ROOT / word).is_file(), f"{path.name} names {word}, which does not exist"
+
+
+SHORT = ["--num-examples", "8", "--batch-size", "4"]
+"""Appended to each documented command so the test stays short."""
+
+
+def _runnable(path: Path) -> list[tuple[Path, list[str]]]:
+    return [(path, argv[1:]) for argv in docstring_commands(path) if not any("path/to" in a for a in argv)]
+
+
+KNOWN_FAILURES = {
+    "sft_trainer_padding_free": pytest.mark.xfail(
+        strict=True,
+        raises=AttributeError,
+        reason="FlatSFTTrainer prepares the model after TRL 1.16 patched its forward with a fused LM head; "
+        "SFTTrainer.compute_loss then finds no `log_probs` in the outputs",
+    )
+}
+"""Examples that fail today for a reason outside the example; strict, so a fix turns this list red."""
+
+
+def _cases() -> list:
+    cases = [case for path in EXAMPLES if path.parent.name == "examples" for case in _runnable(path)]
+    return [pytest.param(*case, marks=KNOWN_FAILURES.get(case[0].stem, ())) for case in cases]
+
+
+@pytest.mark.parametrize(
+    ("path", "argv"),
+    _cases(),
+    ids=lambda value: value.stem if isinstance(value, Path) else " ".join(value) or "no arguments",
+)
+def test_trainer_examples_run_as_documented(path, argv, capsys):
+    result = load(path).main([*argv, *SHORT])  # argparse keeps the last value: the documented options still parse
+    assert result["optimizer_steps"], capsys.readouterr().out
+    losses = result["losses"]["flattened"] if isinstance(result["losses"], dict) else result["losses"]
+    assert losses and all(math.isfinite(loss) for loss in losses)
+    if "max_abs_loss_diff" in result:  # the padded twin of the flattened run
+        assert result["max_abs_loss_diff"] <= 1e-5
+
+
+def test_accelerate_example_runs_in_one_process_without_output(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "accelerate" / "train.py"), "--num-examples", "8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 1: loss" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # without --output nothing is written
