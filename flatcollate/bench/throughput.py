@@ -12,6 +12,7 @@ On a CPU, torch runs one thread unless `threads` says otherwise: on a machine sh
 thread spins waiting for a descheduled sibling and the ratios swing several-fold from run to run.
 """
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,9 +101,7 @@ def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
         fraction, steps per epoch, losses), `ratios_vs_padded`, `loss_equivalence`, `skipped` (modes that could not
         run, with the reason) and `model` (type, parameter count, sizes).
     """
-    unknown = sorted(set(config.modes) - set(MODES))
-    if unknown:
-        raise ValueError(f"Unknown mode(s) {unknown} in `modes`; choose from {MODES}.")
+    check_config(config)
     device = resolve_device(config.device)
     threads = config.threads or (1 if device.type == "cpu" else None)
     previous_threads = torch.get_num_threads()
@@ -227,6 +226,28 @@ def settle(model, batches, initial, *, lr: float, device: torch.device, bar) -> 
             return passes
         previous = seconds
     return MAX_SETTLE_PASSES
+
+
+def check_config(config: ThroughputConfig) -> None:
+    """Raise `ValueError` naming the field, the value and what it must be, before anything is built."""
+    unknown = sorted(set(config.modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"Unknown mode(s) {unknown} in `modes`; choose from {MODES}.")
+    positive = {"batch_size": config.batch_size, "max_length": config.max_length, "steps": config.steps}
+    positive |= {"repeats": config.repeats, "threads": config.threads, "pack_len": config.pack_len}
+    for name, value in positive.items():
+        optional = name in ("threads", "pack_len")
+        if not (optional and value is None) and not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"`{name}` must be a positive int{' or None' if optional else ''}, got {value!r}.")
+    if not (isinstance(config.warmup_steps, int) and config.warmup_steps >= 0):
+        raise ValueError(f"`warmup_steps` must be an int >= 0, got {config.warmup_steps!r}.")
+    if not (math.isfinite(config.lr) and config.lr > 0):
+        raise ValueError(f"`lr` must be a positive, finite float, got {config.lr!r}.")
+    if config.device not in ("auto", "cpu", "cuda") or config.dtype not in ("float32", "bfloat16"):
+        raise ValueError(
+            f"`device` must be auto, cpu or cuda and `dtype` float32 or bfloat16, got {config.device!r}, "
+            f"{config.dtype!r}."
+        )
 
 
 def resolve_device(name: str) -> torch.device:

@@ -116,6 +116,24 @@ def test_unknown_mode():
         run_throughput(ThroughputConfig(modes=("padded", "x")), progress=False)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("steps", 0, "`steps` must be a positive int, got 0"),
+        ("batch_size", 0, "`batch_size` must be a positive int"),
+        ("repeats", 0, "`repeats` must be a positive int"),
+        ("threads", 0, "`threads` must be a positive int or None"),
+        ("pack_len", -1, "`pack_len` must be a positive int or None"),
+        ("warmup_steps", -1, "`warmup_steps` must be an int >= 0"),
+        ("lr", float("nan"), "`lr` must be a positive, finite float"),
+        ("device", "tpu", "`device` must be auto, cpu or cuda"),
+    ],
+)
+def test_bad_config_values_raise_before_any_work(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        run_throughput(ThroughputConfig(**{field: value}), progress=False)
+
+
 def test_result_keys_and_counts(result):
     assert set(result) == {
         "config",
