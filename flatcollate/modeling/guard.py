@@ -127,27 +127,38 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
 class GuardHandle:
     """What `install_guard` returns: `remove()` gives `model` back its forward, unguarded."""
 
-    def __init__(self, model: torch.nn.Module, previous: Callable | None):
-        self._model, self._previous = model, previous
+    def __init__(self, model: torch.nn.Module, previous: Callable | None, hook: torch.utils.hooks.RemovableHandle):
+        self._model, self._previous, self._hook = model, previous, hook
 
     def remove(self) -> None:
+        self._hook.remove()
         vars(self._model).pop("forward", None)
         if self._previous is not None:
             self._model.forward = self._previous
         vars(self._model).pop(GUARD_ATTRIBUTE, None)
 
 
-def _guarded_forward(model: torch.nn.Module, inner: Callable | None, *args, **kwargs):
-    """`model`'s forward behind the guard: checks (and completes) the arguments, then runs the forward.
-
-    The guard lives in `forward` itself, not in a pre-hook, so that wrappers which call `model.forward(...)` directly
-    (PEFT's LoRA model does) are guarded too.
-    """
+def _run_before_forward(model, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     changed = _check_arguments(model, args, kwargs)
     if changed is not None:
         args, kwargs = changed
     for before in model._flatcollate_before_forward:  # e.g. state-carrying layers read the row's boundaries
         before(model, args, kwargs)
+    return args, kwargs
+
+
+def _guard_pre_hook(model, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The guard on `model(...)`: runs even when another library replaces `model.forward` later."""
+    args, kwargs = _run_before_forward(model, args, kwargs)
+    vars(model)["_flatcollate_checked"] = True  # `_guarded_forward` need not check this call again
+    return args, kwargs
+
+
+def _guarded_forward(model: torch.nn.Module, inner: Callable | None, *args, **kwargs):
+    """`model`'s forward behind the guard, for wrappers that call `model.forward(...)` directly (PEFT's LoRA model
+    does), which skips forward pre-hooks; a call that came through `model(...)` was checked by the pre-hook."""
+    if not vars(model).pop("_flatcollate_checked", False):
+        args, kwargs = _run_before_forward(model, args, kwargs)
     if inner is None:
         return type(model).forward(model, *args, **kwargs)
     return inner(*args, **kwargs)
@@ -156,12 +167,14 @@ def _guarded_forward(model: torch.nn.Module, inner: Callable | None, *args, **kw
 def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> GuardHandle:
     """Put the flattened-batch guard in front of `model.forward` (once; a second call returns the first handle).
 
-    The guarded `forward` is `functools.partial(_guarded_forward, model, ...)` (so `copy.deepcopy` and pickling rebind
-    it to the copy). Its `__signature__` is the model's, plus the collator's per-example fields (`DATA_COLUMNS`) as
-    keyword-only arguments: `transformers.Trainer` keeps only the dataset columns that `inspect.signature(model.
-    forward)` names, so without them its default `remove_unused_columns=True` would drop `seq_lengths` and the masks
-    before the collator sees them, and packed sequences or prompts would be trained silently. The fields never reach
-    the model: the guard refuses them.
+    The guard runs as a forward pre-hook (so it stays when a library such as TRL replaces `model.forward` afterwards)
+    and inside the guarded `forward`, `functools.partial(_guarded_forward, model, ...)`, for wrappers that call
+    `model.forward(...)` directly (PEFT); each call is checked once. The partial rebinds to the copy under
+    `copy.deepcopy` and pickling. Its `__signature__` is the model's, plus the collator's per-example fields
+    (`DATA_COLUMNS`) as keyword-only arguments: `transformers.Trainer` keeps only the dataset columns that
+    `inspect.signature(model.forward)` names, so without them its default `remove_unused_columns=True` would drop
+    `seq_lengths` and the masks before the collator sees them, and packed sequences or prompts would be trained
+    silently. The fields never reach the model: the guard refuses them.
 
     Args:
         model (`torch.nn.Module`): the top-level model.
@@ -183,9 +196,9 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     )
     model._flatcollate_before_forward = []
     previous = vars(model).get("forward")
-    inner = None
-    if previous is not None and not (inspect.ismethod(previous) and previous.__self__ is model):
-        inner = previous  # a forward another library set on the instance keeps being called
+    inner = previous  # a forward another library set on the instance (TRL's fused loss) keeps being called
+    if inspect.ismethod(previous) and previous.__self__ is model and previous.__func__ is type(model).forward:
+        inner = None
     variadic = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
     fixed = [p for p in parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -193,6 +206,7 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     forward = functools.partial(_guarded_forward, model, inner)
     forward.__signature__ = signature.replace(parameters=fixed + extra + variadic)
     model.forward = forward
-    handle = GuardHandle(model, previous)
+    hook = model.register_forward_pre_hook(_guard_pre_hook, with_kwargs=True)
+    handle = GuardHandle(model, previous, hook)
     setattr(model, GUARD_ATTRIBUTE, handle)
     return handle

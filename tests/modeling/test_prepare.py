@@ -153,3 +153,16 @@ def test_a_backend_that_cannot_be_selected_leaves_the_model_unchanged(backend, m
     after = (model.config.use_cache, model.generation_config.use_cache, model.config._attn_implementation)
     assert after == before
     assert getattr(model, "_flatcollate_guard", None) is None
+
+
+def test_guard_stays_when_another_library_replaces_forward_afterwards(model):
+    # TRL installs its fused-loss forward on the instance after the model is built; the guard must survive it.
+    import types
+
+    model.forward = types.MethodType(lambda self, **kwargs: type(self).forward(self, **kwargs), model)
+    batch = flattened_batch(LENGTHS)
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(**batch, attention_mask=torch.ones_like(batch["input_ids"]))
+    batch["position_ids"] = torch.arange(sum(LENGTHS))[None]
+    with pytest.raises(ValueError, match="do not restart"):
+        model(**batch)
