@@ -127,11 +127,12 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
 class GuardHandle:
     """What `install_guard` returns: `remove()` gives `model` back its forward, unguarded."""
 
-    def __init__(self, model: torch.nn.Module, previous: Callable | None, hook: torch.utils.hooks.RemovableHandle):
-        self._model, self._previous, self._hook = model, previous, hook
+    def __init__(self, model: torch.nn.Module, previous: Callable | None, hooks: list):
+        self._model, self._previous, self._hooks = model, previous, hooks
 
     def remove(self) -> None:
-        self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
         vars(self._model).pop("forward", None)
         if self._previous is not None:
             self._model.forward = self._previous
@@ -152,6 +153,10 @@ def _guard_pre_hook(model, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     args, kwargs = _run_before_forward(model, args, kwargs)
     vars(model)["_flatcollate_checked"] = True  # `_guarded_forward` need not check this call again
     return args, kwargs
+
+
+def _clear_checked(model, args: tuple, output):
+    vars(model).pop("_flatcollate_checked", None)  # the call is over, whichever forward ran
 
 
 def _guarded_forward(model: torch.nn.Module, inner: Callable | None, *args, **kwargs):
@@ -206,7 +211,10 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     forward = functools.partial(_guarded_forward, model, inner)
     forward.__signature__ = signature.replace(parameters=fixed + extra + variadic)
     model.forward = forward
-    hook = model.register_forward_pre_hook(_guard_pre_hook, with_kwargs=True)
-    handle = GuardHandle(model, previous, hook)
+    hooks = [
+        model.register_forward_pre_hook(_guard_pre_hook, with_kwargs=True),
+        model.register_forward_hook(_clear_checked),
+    ]
+    handle = GuardHandle(model, previous, hooks)
     setattr(model, GUARD_ATTRIBUTE, handle)
     return handle
