@@ -17,7 +17,13 @@ class UsageError(ValueError):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Descriptions kept as written, every option's default shown."""
+    """Descriptions kept as written, every option's default shown (flags and options without a value excepted)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        no_value = action.default is None or action.default is False or action.default == []
+        if no_value or "(default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:

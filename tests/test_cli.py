@@ -51,7 +51,7 @@ def test_every_option_has_a_description_and_its_default_in_help(command, capsys)
     assert options
     for action in options:
         assert action.help, action.option_strings
-        if action.default not in (None, False):
+        if not (action.default is None or action.default is False or action.default == []):
             assert f"(default: {action.default})" in text, action.option_strings
 
 

@@ -84,7 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats", type=_positive_int, default=default.repeats, help="timed passes per mode, interleaved"
     )
     parser.add_argument(
-        "--modes", nargs="+", choices=MODES, default=list(default.modes), help="what to measure (see docs)"
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(default.modes),
+        metavar="MODE",
+        help=f"what to measure, from {', '.join(MODES)}: padded_max pads to --max-length, hf_flattened is "
+        "transformers' own padding-free path",
     )
     parser.add_argument(
         "--pack-len", type=_positive_int, default=None, help="tokens per pack (default: about a batch's tokens)"
