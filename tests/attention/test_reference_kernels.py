@@ -1,0 +1,235 @@
+"""The references of the CUDA varlen kernels: their masks as the upstream docstrings draw them, the preconditions they
+refuse, and (on a CUDA machine with the kernels installed) the real kernels against them."""
+
+import numpy as np
+import pytest
+import torch
+
+from flatcollate.attention import PackedSegments, capabilities
+from flatcollate.attention.kernels import sdpa_kernel
+from flatcollate.attention.reference_kernels import (
+    KernelContract,
+    flash_attn_varlen_func,
+    varlen_attention,
+    varlen_attn,
+)
+from flatcollate.boundaries import lengths_to_cu_seqlens
+
+CPU_FP32 = KernelContract(dtypes=(torch.float32,), device_type="cpu")
+
+
+def _cu(lengths, device="cpu"):
+    return torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths))).to(device)
+
+
+def _mask_of(kernel, seqlen_q, seqlen_k, **options):
+    """The keep-mask a kernel applies, read off its output: zero queries give uniform weights over the kept keys,
+    and one-hot values make row `i` of the output `kept[i] / kept[i].sum()` (all zero where nothing is kept)."""
+    q = torch.zeros(seqlen_q, 1, 8)
+    k = torch.zeros(seqlen_k, 1, 8)
+    v = torch.eye(seqlen_k, 8)[:, None, :]
+    cu_q = torch.tensor([0, seqlen_q], dtype=torch.int32)
+    cu_k = torch.tensor([0, seqlen_k], dtype=torch.int32)
+    out = kernel(q, k, v, cu_q, cu_k, seqlen_q, seqlen_k, **options)
+    return (out[:, 0, :seqlen_k] > 0).int().tolist()
+
+
+def test_flash_attn_causal_mask_is_aligned_to_the_bottom_right_as_documented():
+    flash = flash_attn_varlen_func(CPU_FP32)
+    # The two masks drawn in `flash_attn_varlen_func`'s docstring.
+    assert _mask_of(flash, 2, 5, causal=True) == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert _mask_of(flash, 5, 2, causal=True) == [[0, 0], [0, 0], [0, 0], [1, 0], [1, 1]]
+    assert _mask_of(flash, 3, 3) == [[1, 1, 1]] * 3  # causal=False, no window: full attention
+
+
+def test_window_keeps_left_keys_before_the_query_and_right_after():
+    flash, torch_varlen = flash_attn_varlen_func(CPU_FP32), varlen_attn(CPU_FP32)
+    band = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert _mask_of(flash, 5, 5, causal=True, window_size=(2, 0)) == band
+    assert _mask_of(flash, 5, 5, causal=True, window_size=(2, 3)) == band  # causal forces right = 0
+    assert _mask_of(flash, 5, 5, window_size=(2, 0)) == band
+    assert _mask_of(torch_varlen, 5, 5, window_size=(2, 0)) == band  # "(W, 0) for causal ... window of size W"
+    assert _mask_of(torch_varlen, 5, 5, window_size=(-1, 0)) == np.tril(np.ones((5, 5), int)).tolist()
+    assert _mask_of(torch_varlen, 3, 3) == [[1, 1, 1]] * 3  # (-1, -1) by default: full attention
+    assert _mask_of(flash, 3, 3, window_size=(0, 1)) == [[1, 1, 0], [0, 1, 1], [0, 0, 1]]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+def test_flash_reference_matches_the_sdpa_kernel_with_gradients(window, softcap):
+    lengths = [97, 1, 13, 40]
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), h, 16, generator=generator, requires_grad=True) for h in (6, 2, 2))
+    segments = PackedSegments(cu_seqlens=_cu(lengths), max_length=97)
+    expected = sdpa_kernel(q, k, v, segments, scale=0.3, window=window, softcap=softcap or None, dropout=0.0)
+    out = flash_attn_varlen_func(CPU_FP32)(
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=segments.cu_seqlens,
+        cu_seqlens_k=segments.cu_seqlens,
+        max_seqlen_q=97,
+        max_seqlen_k=97,
+        softmax_scale=0.3,
+        causal=True,
+        window_size=(-1, -1) if window is None else (window - 1, 0),
+        softcap=softcap,
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    for got, want in zip(
+        torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad), strict=True
+    ):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _valid_inputs():
+    q = torch.randn(7, 4, 16, dtype=torch.bfloat16)
+    k, v = (torch.randn(7, 2, 16, dtype=torch.bfloat16) for _ in range(2))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    return {"q": q, "k": k, "v": v, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": 4, "max_seqlen_k": 4}
+
+
+BF16_CPU = KernelContract(device_type="cpu")
+BAD_INPUTS = {
+    "fp32": ({"q": lambda x: x.float(), "k": lambda x: x.float(), "v": lambda x: x.float()}, "only supports"),
+    "mixed dtypes": ({"k": lambda x: x.half()}, "same dtype"),
+    "int64 cu_seqlens": ({"cu_seqlens_q": lambda x: x.long()}, "cu_seqlens_q must have dtype int32"),
+    "decreasing cu_seqlens": (
+        {"cu_seqlens_k": lambda x: torch.tensor([0, 5, 3, 7], dtype=torch.int32)},
+        "non-decreasing",
+    ),
+    "not covering the row": ({"cu_seqlens_q": lambda x: torch.tensor([0, 3, 6], dtype=torch.int32)}, "from 0 to 7"),
+    "max_seqlen a tensor": ({"max_seqlen_q": lambda x: torch.tensor(4)}, "must be a Python int"),
+    "max_seqlen too small": ({"max_seqlen_k": lambda x: 3}, "below the longest sequence 4"),
+    "(B, T, H, D) layout": ({"q": lambda x: x[None]}, r"must be \(total, heads, head_dim\)"),
+    "strided last dim": ({"q": lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)}, "contiguous last dim"),
+    "head dim 264": ({key: lambda x: torch.zeros(7, x.shape[1], 264, dtype=x.dtype) for key in "qkv"}, "at most 256"),
+    "head dim 12": ({key: lambda x: x[..., :12] for key in "qkv"}, "multiple of 8"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_every_kernel_precondition_is_refused(case):
+    changes, message = BAD_INPUTS[case]
+    inputs = _valid_inputs()
+    flash_attn_varlen_func(BF16_CPU)(**inputs)  # the unchanged inputs pass
+    inputs |= {key: change(inputs[key]) for key, change in changes.items()}
+    with pytest.raises(RuntimeError, match=message):
+        flash_attn_varlen_func(BF16_CPU)(**inputs)
+    # varlen_attn reads the head counts in Python first: a 4-D query fails its GQA check with a ValueError.
+    error, message = (ValueError, "multiple of kv heads") if case == "(B, T, H, D) layout" else (RuntimeError, message)
+    with pytest.raises(error, match=message):
+        varlen_attn(BF16_CPU)(*inputs.values(), enable_gqa=True)
+
+
+def test_cuda_contract_refuses_cpu_tensors_and_cu_seqlens_on_another_device():
+    inputs = _valid_inputs()
+    with pytest.raises(RuntimeError, match="q must be on cuda"):
+        flash_attn_varlen_func()(**inputs)
+    meta = inputs | {"cu_seqlens_k": inputs["cu_seqlens_k"].to("meta")}
+    with pytest.raises(RuntimeError, match="cu_seqlens_k must be on cpu"):
+        flash_attn_varlen_func(BF16_CPU)(**meta)
+
+
+def test_torch_varlen_needs_enable_gqa_and_flash_refuses_softcap_with_dropout():
+    inputs = _valid_inputs()
+    with pytest.raises(ValueError, match="Try setting enable_gqa=True"):
+        varlen_attn(BF16_CPU)(*inputs.values())
+    with pytest.raises(RuntimeError, match="Number of heads in key/value must divide"):
+        flash_attn_varlen_func(BF16_CPU)(**inputs | {"q": torch.zeros(7, 3, 16, dtype=torch.bfloat16)})
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        varlen_attn(BF16_CPU)(torch.zeros(7, 3, 16, dtype=torch.bfloat16), *list(inputs.values())[1:], enable_gqa=True)
+    with pytest.raises(RuntimeError, match="Softcapping does not support dropout"):
+        flash_attn_varlen_func(BF16_CPU)(**inputs, dropout_p=0.1, softcap=5.0)
+    with pytest.raises(NotImplementedError, match="no dropout"):
+        flash_attn_varlen_func(BF16_CPU)(**inputs, dropout_p=0.1)
+    with pytest.raises(RuntimeError, match="window_size must have length 2"):
+        flash_attn_varlen_func(BF16_CPU)(**inputs, window_size=3)
+
+
+# On a CUDA machine: the real kernels against the references, outputs and gradients, on awkward lengths in bf16.
+# Tolerance as in flash-attn's own tests: twice the error of the same reference computed in bf16.
+needs_cuda = pytest.mark.skipif(not capabilities.HAS_CUDA, reason="needs a CUDA device")
+REAL_CASES = [
+    {"causal": True, "window_size": (-1, -1), "softcap": 0.0},
+    {"causal": True, "window_size": (63, 0), "softcap": 0.0},
+    {"causal": True, "window_size": (-1, -1), "softcap": 30.0},
+]
+
+
+def _compare_real(real_call, reference_call, lengths, heads=(8, 2), head_dim=64):
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    total = sum(lengths)
+    inputs = [
+        torch.randn(total, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=generator).requires_grad_()
+        for h in (heads[0], heads[1], heads[1])
+    ]
+    cu = _cu(lengths, "cuda")
+    out = real_call(*inputs, cu, max(lengths))
+    exact = reference_call(*inputs, cu, max(lengths), torch.float64)
+    rough = reference_call(*inputs, cu, max(lengths), torch.bfloat16)
+    grad = torch.randn_like(out)
+    pairs = [(out, exact, rough)]
+    pairs += zip(*(torch.autograd.grad(t, inputs, grad) for t in (out, exact, rough)), strict=True)
+    for got, want, low in pairs:
+        bound = 2 * (low.double() - want.double()).abs().max().item() + 1e-3
+        assert (got.double() - want.double()).abs().max().item() <= bound
+
+
+@needs_cuda
+@pytest.mark.skipif(not capabilities.HAS_FLASH_ATTN, reason="needs flash-attn")
+@pytest.mark.parametrize("options", REAL_CASES)
+def test_real_flash_attn_matches_the_reference(options):
+    left = options["window_size"][0]  # causal: the kernel keeps no key to the right
+
+    def real(q, k, v, cu, longest):
+        return capabilities.flash_attn_varlen_func(
+            q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, **options
+        )
+
+    def reference(q, k, v, cu, longest, dtype):
+        flash_attn_varlen_func()(
+            q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, **options
+        )  # checks every precondition
+        bounds = cu.tolist()
+        return varlen_attention(
+            q,
+            k,
+            v,
+            bounds,
+            bounds,
+            scale=q.shape[-1] ** -0.5,
+            left=left,
+            right=0,
+            softcap=options["softcap"],
+            compute_dtype=dtype,
+        )
+
+    _compare_real(real, reference, [1025, 97, 1, 300])
+
+
+@needs_cuda
+@pytest.mark.skipif(not capabilities.HAS_TORCH_VARLEN, reason="needs torch varlen_attn")
+@pytest.mark.parametrize("window_size", [(-1, 0), (63, 0)])
+def test_real_torch_varlen_matches_the_reference(window_size):
+    def real(q, k, v, cu, longest):
+        return capabilities.varlen_attn(q, k, v, cu, cu, longest, longest, window_size=window_size, enable_gqa=True)
+
+    def reference(q, k, v, cu, longest, dtype):
+        varlen_attn()(q, k, v, cu, cu, longest, longest, window_size=window_size, enable_gqa=True)
+        bounds = cu.tolist()
+        return varlen_attention(
+            q,
+            k,
+            v,
+            bounds,
+            bounds,
+            scale=q.shape[-1] ** -0.5,
+            left=window_size[0],
+            right=0,
+            softcap=0.0,
+            compute_dtype=dtype,
+        )
+
+    _compare_real(real, reference, [1025, 97, 1, 300])
