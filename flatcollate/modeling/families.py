@@ -65,3 +65,24 @@ def takes_packed_backend(model: PreTrainedModel) -> bool:
     """Whether `model`'s attention layers dispatch through transformers' attention interface (so `flatcollate` can
     be selected); the others stay on their own backend with `patch_mask_builders`."""
     return model.config.model_type not in KEEP_OWN_BACKEND and model._can_set_attn_implementation()
+
+
+ROW_LENGTH_LIMITS: dict[str, tuple[str, str]] = {
+    "mpt": ("max_seq_len", "its ALiBi attention bias"),
+    "gpt_neo": ("max_position_embeddings", "its local-attention bias"),
+    "big_bird": ("max_position_embeddings", "its token-type buffer"),
+    "roformer": ("max_position_embeddings", "its sinusoidal position table, read by row position"),
+}
+"""`model_type` -> (config attribute, what it sizes): buffers built for at most that many tokens per ROW, not per
+sequence. Restarting positions do not help them, so a flattened row must fit (measured: every other exact family
+runs a row longer than its position limit)."""
+
+
+def row_length_limit(model: PreTrainedModel) -> tuple[str, int, str] | None:
+    """`(config attribute, tokens, what it sizes)` when `model` cannot run rows longer than a config value."""
+    entry = ROW_LENGTH_LIMITS.get(getattr(model.config, "model_type", ""))
+    if entry is None:
+        return None
+    key, what = entry
+    limit = getattr(model.config, key, None)
+    return (key, int(limit), what) if isinstance(limit, int) else None

@@ -13,9 +13,11 @@ import inspect
 from collections.abc import Callable
 
 import torch
+from transformers import PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
+from .families import row_length_limit
 
 GUARD_ATTRIBUTE = "_flatcollate_guard"
 
@@ -72,6 +74,23 @@ def _offending(arguments: dict) -> list[str]:
     return found
 
 
+def _check_row_length(model, arguments: dict) -> None:
+    """Raise for a row longer than a buffer the family sizes by its config (`families.ROW_LENGTH_LIMITS`)."""
+    limit = model._flatcollate_row_limit
+    if limit is None:
+        return
+    key, tokens, what = limit
+    for name in ("input_ids", "inputs_embeds"):
+        value = arguments.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] > tokens:
+            raise ValueError(
+                f"{type(model).__name__} sizes {what} by `config.{key}`={tokens} tokens per row, and this row has "
+                f"{value.shape[1]} tokens; restarting positions do not lift that limit. Flatten at most {tokens} "
+                f"tokens per batch (e.g. `TokenBudgetBatchSampler(..., max_tokens={tokens})` or "
+                f"`pack_dataset(..., pack_len={tokens})`), or raise `config.{key}` where the family allows it."
+            )
+
+
 def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Raise for arguments that would mix sequences; the completed `(args, kwargs)`, or None to keep them."""
     arguments = kwargs
@@ -84,6 +103,7 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
             "into `labels` and the batch's boundaries. Collate with `flatcollate.DataCollatorWithFlattening` (or "
             "`DataCollatorForCompletionOnlyLM`) instead of passing them to the model."
         )
+    _check_row_length(model, arguments)
     unsupported = model._flatcollate_unsupported
     if unsupported is not None and is_flattened(arguments):
         raise ValueError(
@@ -190,6 +210,7 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
         `GuardHandle`: `handle.remove()` uninstalls the guard.
     """
     model._flatcollate_unsupported = unsupported
+    model._flatcollate_row_limit = row_length_limit(model) if isinstance(model, PreTrainedModel) else None
     existing = vars(model).get(GUARD_ATTRIBUTE)
     if existing is not None:
         return existing
