@@ -11,7 +11,8 @@ and leaves the rest out, by name, in the stats and a warning::
     id               3         4          one value per row         -> left out
     scores           [.1 .2]   [.3 .4]    lists of another length   -> left out
 
-A column that is per token in some rows but not in others raises. Checks run on `pc.list_value_length` and the
+Rows with no tokens are dropped and counted (`drop_empty_rows`), or raise with `empty="error"`. A column that is per
+token in some rows but not in others raises. Checks run on `pc.list_value_length` and the
 flattened values, never token by token; an error names the first bad row and the column.
 """
 
@@ -43,6 +44,41 @@ def list_array(offsets: np.ndarray, values: pa.Array | np.ndarray) -> pa.Array:
     if offsets[-1] > np.iinfo(np.int32).max:
         return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+EMPTY = ("drop", "error")
+
+
+def drop_empty_rows(
+    table: pa.Table, lengths: np.ndarray, *, empty: str = "drop", first_row: int = 0
+) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """Remove rows whose `input_ids` hold no tokens, or raise on the first one with `empty="error"`.
+
+    Args:
+        table (`pa.Table`): rows with `input_ids`.
+        lengths (`np.ndarray` of shape `(num_rows,)`, int64): tokens of every row.
+        empty (`str`, *optional*, defaults to `"drop"`): `"drop"` or `"error"`.
+        first_row (`int`, *optional*, defaults to 0): number of the table's first row in error messages.
+
+    Returns:
+        The table and lengths without the empty rows, and the positions of the dropped rows, `(num_empty,)` int64.
+
+    >>> table, lengths, dropped = drop_empty_rows(pa.table({"input_ids": [[1], [], [2, 3]]}), np.array([1, 0, 2]))
+    >>> table["input_ids"].to_pylist(), lengths.tolist(), dropped.tolist()
+    ([[1], [2, 3]], [1, 2], [1])
+    """
+    if empty not in EMPTY:
+        raise ValueError(f"empty={empty!r} is not one of {EMPTY}.")
+    dropped = np.flatnonzero(lengths == 0)
+    if not dropped.size:
+        return table, lengths, dropped
+    if empty == "error":
+        raise ValueError(
+            f"row {first_row + int(dropped[0])} has no tokens ({dropped.size} empty rows); pass empty='drop' to drop "
+            "them, or remove them before packing."
+        )
+    keep = lengths != 0
+    return table.filter(pa.array(keep)), lengths[keep], dropped
 
 
 def check_aligned(table: pa.Table, name: str, lengths: np.ndarray) -> None:

@@ -21,17 +21,74 @@ Strategies:
 
 Over-long sequences (longer than `pack_len`) raise by default; `overlong="truncate"` packs their first `pack_len`
 tokens; `overlong="split"` cuts them into `pack_len` pieces (see `split_lengths`), and the returned indices then refer
-to those pieces.
+to those pieces. `PackingStats` reports what packing a dataset did (`flatcollate.data.dataset.pack_dataset`).
 """
 
 from bisect import bisect_left, insort
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .columns import describe_left_out
 from .repack import repack_least_full
 
 STRATEGIES = ("bfd", "first_fit", "next_fit")
 OVERLONG = ("error", "truncate", "split")
+
+
+@dataclass(frozen=True)
+class PackingStats:
+    """What packing did: counts, fill and padding, over-long sequences, and what happened to each column.
+
+    `fill` is real tokens over `num_packs * pack_len`; `padding_saved` compares with one sequence per row of `pack_len`.
+    `carried_columns` were packed token by token, `folded_masks` were folded into `labels`, `dropped_columns` were
+    left out (not per token, or an all-ones `attention_mask`). `num_sequences` counts the sequences packed;
+    `num_empty` the rows without tokens that were dropped.
+    """
+
+    num_sequences: int
+    num_packs: int
+    pack_len: int
+    strategy: str
+    num_tokens: int
+    fill: float
+    mean_pack_tokens: float
+    max_pack_tokens: int
+    min_pack_tokens: int
+    mean_sequences_per_pack: float
+    padding_tokens_unpacked: int
+    padding_tokens_packed: int
+    padding_saved: int
+    overlong: str
+    num_overlong: int
+    num_split_pieces: int
+    num_truncated_tokens: int
+    num_empty: int = 0
+    dropped_columns: tuple[str, ...] = field(default=())
+    folded_masks: tuple[str, ...] = field(default=())
+    carried_columns: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.num_sequences:,} sequences ({self.num_tokens:,} tokens) -> {self.num_packs:,} packs of "
+            f"<= {self.pack_len} tokens ({self.strategy})",
+            f"fill {self.fill:.4%}, mean pack {self.mean_pack_tokens:.1f} tokens (min {self.min_pack_tokens}, max "
+            f"{self.max_pack_tokens}), {self.mean_sequences_per_pack:.2f} sequences per pack",
+            f"padding {self.padding_tokens_packed:,} tokens packed vs {self.padding_tokens_unpacked:,} with one "
+            f"sequence per row: {self.padding_saved:,} saved",
+            f"over-long: {self.num_overlong} ({self.overlong}; {self.num_split_pieces} extra pieces, "
+            f"{self.num_truncated_tokens:,} tokens truncated)",
+        ]
+        if self.num_empty:
+            lines.append(f"{self.num_empty:,} empty sequences dropped")
+        if self.folded_masks:
+            lines.append(f"labels: {', '.join(self.folded_masks)} folded in (-100 where 0)")
+        if self.dropped_columns:
+            lines.append(describe_left_out(self.dropped_columns))
+        return "\n".join(lines)
 
 
 def check_lengths(lengths: np.ndarray, pack_len: int, *, overlong: str = "error") -> np.ndarray:

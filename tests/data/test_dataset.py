@@ -266,3 +266,82 @@ def test_incoming_position_ids_must_count_from_zero():
     restarting = ds.add_column("position_ids", [[0, 1, 2], [0, 1], [0, 1, 0, 1]])
     with pytest.raises(ValueError, match=r"row 2: 'position_ids' do not count 0, 1, 2, ..."):
         pack_dataset(restarting, 8)
+
+
+@pytest.mark.parametrize(
+    ("format_args", "item_type"),
+    [
+        ({"type": "numpy", "dtype": "float32"}, np.ndarray),
+        ({"type": "torch"}, torch.Tensor),
+        ({"type": "torch", "columns": ["input_ids"]}, torch.Tensor),
+    ],
+)
+def test_format_of_the_dataset_is_kept(format_args, item_type):
+    ds = make_rows([5, 3, 8, 2]).with_format(**format_args)
+    packed = pack_dataset(ds, 8)
+    assert packed.format["type"] == format_args["type"]
+    assert packed.format["format_kwargs"] == ds.format["format_kwargs"]
+    kept = format_args.get("columns", ["input_ids", "labels"])  # all columns by default; "id" is left out
+    assert packed.format["columns"] == [*kept, "position_ids", "seq_lengths"]
+    assert isinstance(packed[0]["input_ids"], item_type)
+    assert sorted(unpack(packed.with_format(None))) == sorted(unpack(pack_dataset(make_rows([5, 3, 8, 2]), 8)))
+
+
+def test_empty_sequences_are_dropped_counted_and_logged(caplog):
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2], [], [3, 4, 5], [], [6]]})
+    with caplog.at_level(logging.WARNING, logger="flatcollate"):
+        packed, stats = pack_dataset(ds, 4, return_stats=True)
+    assert sorted(packed["input_ids"]) == [[1, 2], [3, 4, 5, 6]]
+    assert (stats.num_sequences, stats.num_empty) == (3, 2)
+    assert "2 empty sequences dropped" in str(stats)
+    assert "2 empty sequences dropped (first: row 1)" in caplog.text
+    with pytest.raises(ValueError, match=r"row 1 has no tokens \(2 empty rows\); pass empty='drop' to drop them"):
+        pack_dataset(ds, 4, empty="error")
+    with pytest.raises(ValueError, match=r"empty='keep' is not one of \('drop', 'error'\)"):
+        pack_dataset(ds, 4, empty="keep")
+
+
+def iterable_rows(lengths, seed=0, **format_args):
+    return make_rows(lengths, seed).to_iterable_dataset().with_format(**format_args)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 1000])
+def test_iterable_dataset_is_packed_chunk_by_chunk(batch_size):
+    lengths = np.random.default_rng(1).integers(0, 17, 60)  # some empty rows
+    ds = make_rows(lengths, 1)
+    packed = pack_dataset(ds.to_iterable_dataset(), 16, batch_size=batch_size)
+    assert isinstance(packed, datasets.IterableDataset)
+    rows = list(packed)
+    assert list(rows[0]) == ["input_ids", "labels", "position_ids", "seq_lengths"]
+    expected = []  # the same packing, run on each chunk of `batch_size` rows as a map-style dataset
+    for start in range(0, len(ds), batch_size):
+        expected.extend(pack_dataset(ds.select(range(start, min(start + batch_size, len(ds)))), 16))
+    assert rows == expected
+    nonempty = [(tuple(r["input_ids"]), tuple(r["labels"])) for r in ds if r["input_ids"]]
+    assert sorted(unpack(rows)) == sorted(nonempty)
+
+
+def test_iterable_dataset_keeps_its_format_and_logs_what_it_leaves_out(caplog):
+    ds = iterable_rows([5, 0, 3, 8, 2], type="numpy")
+    with caplog.at_level(logging.WARNING, logger="flatcollate"):
+        packed = pack_dataset(ds, 8, batch_size=2)
+        rows = list(packed)
+    assert packed._formatting == ds._formatting
+    assert all(isinstance(row["input_ids"], np.ndarray) for row in rows)
+    assert "1 empty sequences dropped (first: row 1)" in caplog.text and "id" in caplog.text
+    with pytest.raises(ValueError, match="return_stats=True needs a map-style"):
+        pack_dataset(ds, 8, return_stats=True)
+    overlong = pack_dataset(iterable_rows([5, 3, 2, 12]), 8, batch_size=2)
+    with pytest.raises(ValueError, match=r"rows 2-3 of the stream: sequence 1 is 12 tokens > pack_len 8"):
+        list(overlong)
+
+
+def test_dataset_dicts_are_packed_split_by_split():
+    dd = datasets.DatasetDict({"train": make_rows([5, 3, 8]), "test": make_rows([2, 6], 1)})
+    packed, stats = pack_dataset(dd, 8, return_stats=True)
+    assert isinstance(packed, datasets.DatasetDict) and set(packed) == {"train", "test"}
+    assert {k: s.num_sequences for k, s in stats.items()} == {"train": 3, "test": 2}
+    assert unpack(packed["test"]) == unpack(pack_dataset(dd["test"], 8))
+    streamed = pack_dataset(datasets.IterableDatasetDict({k: v.to_iterable_dataset() for k, v in dd.items()}), 8)
+    assert isinstance(streamed, datasets.IterableDatasetDict)
+    assert list(streamed["train"]) == list(packed["train"])
