@@ -13,6 +13,41 @@ MASK_KEYS = ("completion_mask", "assistant_masks")
 """Per-token 0/1 masks folded into `labels` (label -100 where the mask is 0)."""
 
 
+def check_example(feature: Any, *, index: int) -> None:
+    """Raise unless an example is a dict of fields holding `input_ids`."""
+    if not isinstance(feature, Mapping):
+        raise TypeError(f"example {index} must be a dict of fields, got {type(feature).__name__}.")
+    if "input_ids" not in feature:
+        raise ValueError(
+            f"example {index} has no 'input_ids' (fields: {sorted(feature)}); tokenize the data first, e.g. with "
+            "`flatcollate.data.make_supervised_dataset`."
+        )
+
+
+def as_example(feature: Any, *, index: int) -> Mapping[str, Any]:
+    """An example as a dict of fields: a bare sequence of token ids becomes `{"input_ids": ids}` (TRL 0.x took both).
+
+    Args:
+        feature: a dict of fields, or the token ids themselves as a list, tuple, numpy array or torch tensor.
+        index: position of the example in the batch, for error messages.
+
+    >>> as_example((5, 6), index=0)
+    {'input_ids': (5, 6)}
+    >>> as_example("5 6", index=3)
+    Traceback (most recent call last):
+    ...
+    TypeError: example 3 must be a dict with 'input_ids' or a sequence of token ids, got str.
+    """
+    if isinstance(feature, Mapping):
+        check_example(feature, index=index)
+        return feature
+    if isinstance(feature, list | tuple | np.ndarray | torch.Tensor):
+        return {"input_ids": feature}
+    raise TypeError(
+        f"example {index} must be a dict with 'input_ids' or a sequence of token ids, got {type(feature).__name__}."
+    )
+
+
 def as_1d_ints(value: Any, *, index: int, field: str) -> np.ndarray:
     """One example's field as a 1-D int64 array, without a `.tolist()` round trip for arrays and tensors.
 

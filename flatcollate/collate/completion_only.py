@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
-from ._features import as_1d_ints, check_same_length, segment_lengths
+from ._features import as_1d_ints, as_example, check_same_length, segment_lengths
 from .flattening import DataCollatorWithFlattening, flatten_features
 from .response_templates import (
     completion_mask_after_last,
@@ -22,8 +22,12 @@ from .response_templates import (
 class DataCollatorForCompletionOnlyLM:
     """Masks everything but the completions (label -100), then flattens the batch like `DataCollatorWithFlattening`.
 
-    Compatible with the signature of TRL 0.x's class of the same name, which TRL no longer ships. Templates are found
-    by searching their token ids in each example (vectorized, no loop over tokens)::
+    A drop-in for TRL 0.x's class of the same name, which TRL no longer ships: same positional arguments
+    (`response_template, instruction_template, tokenizer`), examples as dicts or as bare sequences of token ids,
+    `torch_call` / `numpy_call`, padded rows on the tokenizer's `padding_side` with `padding_free=False`. Deliberate
+    differences (flattened by default, tokens equal to the pad id keep their labels, a missing template raises unless
+    `on_missing_template="mask"`, bad input raises) are listed in docs/peers.md. Templates are found by searching their
+    token ids in each example (vectorized, no loop over tokens)::
 
         single turn     [prompt ... ### Response: | completion ...]
         labels          [-100 ......................| trained .....]    (after the last response template)
@@ -39,13 +43,16 @@ class DataCollatorForCompletionOnlyLM:
     Args:
         response_template (`str` or `list[int]`): marks the start of a completion.
         instruction_template (`str` or `list[int]`, *optional*): marks the start of a user turn (multi-turn).
-        tokenizer (*optional*): needed for string templates, and for `padding_free=False` (its `pad_token_id`).
+        tokenizer (*optional*): needed for string templates, and for `padding_free=False` (its `pad_token_id` and
+            `padding_side`, read at every call). A tokenizer without a pad token needs one set first, e.g.
+            `tokenizer.pad_token = tokenizer.eos_token`: tokens equal to the pad id keep their labels.
         mlm (`bool`, defaults to `False`): accepted for compatibility; must be `False`.
         ignore_index (`int`, defaults to -100): label of masked tokens in the output (`labels` given in the examples
             mark masked tokens with -100).
         padding_free (`bool`, defaults to `True`): flatten the batch; `False` pads to the longest example (rounded up
-            to `pad_to_multiple_of`) and returns an `attention_mask` (the TRL 0.x default). Both modes validate
-            examples like `DataCollatorWithFlattening` and fold `completion_mask` / `assistant_masks` into `labels`.
+            to `pad_to_multiple_of`) on the tokenizer's `padding_side` and returns an `attention_mask` (the TRL 0.x
+            default). Both modes validate examples like `DataCollatorWithFlattening` and fold `completion_mask` /
+            `assistant_masks` into `labels`.
         on_missing_template (`"error"` or `"mask"`, defaults to `"error"`): what to do with an example that lacks the
             response template, or the instruction template when one is given: raise naming the example and the
             template, or mask the whole example with a warning (TRL 0.x's behaviour). A packed example is judged per
@@ -62,8 +69,8 @@ class DataCollatorForCompletionOnlyLM:
         self,
         response_template: str | list[int],
         instruction_template: str | list[int] | None = None,
-        *,
         tokenizer=None,
+        *,
         mlm: bool = False,
         ignore_index: int = IGNORE_INDEX,
         padding_free: bool = True,
@@ -75,8 +82,6 @@ class DataCollatorForCompletionOnlyLM:
             raise ValueError("DataCollatorForCompletionOnlyLM trains causal LMs only; set mlm=False.")
         if on_missing_template not in ("error", "mask"):
             raise ValueError(f"on_missing_template must be 'error' or 'mask', got {on_missing_template!r}.")
-        if not padding_free and (tokenizer is None or tokenizer.pad_token_id is None):
-            raise ValueError("padding_free=False pads examples, so it needs a `tokenizer` with a `pad_token_id`.")
         self.response_template = response_template
         self.instruction_template = instruction_template
         self.tokenizer = tokenizer
@@ -91,10 +96,31 @@ class DataCollatorForCompletionOnlyLM:
         self.flattener = DataCollatorWithFlattening(
             separator_id=IGNORE_INDEX, return_tensors=return_tensors, **flatten_kwargs
         )
+        if not padding_free:
+            self._check_pad_token()
 
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def __call__(
+        self, features: Sequence[Mapping[str, Any] | Sequence[int]], return_tensors: str | None = None
+    ) -> dict[str, Any]:
+        """Mask and collate a batch.
+
+        Args:
+            features: examples, each a dict with `input_ids` (and optional `labels`, `completion_mask`,
+                `assistant_masks`, `seq_lengths`, `position_ids`) or a bare sequence of token ids.
+            return_tensors (`"pt"` or `"np"`, *optional*): overrides the constructor's choice.
+
+        Returns:
+            flattened: the keys of `DataCollatorWithFlattening`; padded: `input_ids`, `labels`, `attention_mask`, each
+            `(B, W)` int64.
+        """
+        return_tensors = return_tensors or self.return_tensors
+        if return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}.")
+        if isinstance(features, Mapping) or not isinstance(features, Sequence):
+            raise TypeError(f"features must be a list of examples, got {type(features).__name__}.")
         if len(features) == 0:
             raise ValueError("empty batch: the collator got no examples; check the sampler and `drop_last`.")
+        features = [as_example(feature, index=index) for index, feature in enumerate(features)]
         masked = []
         missing: dict[str, list[int]] = {"response": [], "instruction": []}
         for index, feature in enumerate(features):  # one template search per example
@@ -109,10 +135,21 @@ class DataCollatorForCompletionOnlyLM:
                     "their packed sequences lacking it) get no loss (on_missing_template='mask').",
                     stacklevel=2,
                 )
-        batch = self.flattener(masked) if self.padding_free else self._pad(masked)
+        if self.padding_free:
+            batch = self.flattener(masked, return_tensors=return_tensors)
+        else:
+            batch = self._pad(masked, return_tensors=return_tensors)
         if self.ignore_index != IGNORE_INDEX:  # masks are folded with the library's -100 (the only value checks allow)
             batch["labels"][batch["labels"] == IGNORE_INDEX] = self.ignore_index
         return batch
+
+    def torch_call(self, examples: Sequence[Mapping[str, Any] | Sequence[int]]) -> dict[str, Any]:
+        """The batch as torch tensors (the method TRL 0.x's collator, a transformers `DataCollatorMixin`, had)."""
+        return self(examples, return_tensors="pt")
+
+    def numpy_call(self, examples: Sequence[Mapping[str, Any] | Sequence[int]]) -> dict[str, Any]:
+        """The batch as numpy arrays."""
+        return self(examples, return_tensors="np")
 
     def completion_labels(self, feature: Mapping[str, Any], *, index: int) -> tuple[np.ndarray, list[str]]:
         """Labels of one example with everything but completions masked, and the templates it lacks.
@@ -131,8 +168,7 @@ class DataCollatorForCompletionOnlyLM:
             or none. A sequence lacking a template raises (`on_missing_template="error"`) or is masked whole
             (`"mask"`), as TRL 0.x did for an example.
         """
-        if not isinstance(feature, Mapping) or "input_ids" not in feature:
-            raise ValueError(f"example {index} must be a dict with 'input_ids'.")
+        feature = as_example(feature, index=index)
         ids = as_1d_ints(feature["input_ids"], index=index, field="input_ids")
         labels = ids
         if feature.get("labels") is not None:
@@ -167,35 +203,59 @@ class DataCollatorForCompletionOnlyLM:
     def _template(self, kind: str) -> str | list[int]:
         return self.response_template if kind == "response" else self.instruction_template
 
-    def _pad(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        """Right-pad to the longest example with an attention mask (the non-flattened layout).
+    def _check_pad_token(self) -> None:
+        if self.tokenizer is None:
+            raise ValueError(
+                "padding_free=False pads examples, so it needs a `tokenizer` (for its `pad_token_id` and "
+                "`padding_side`); pass one, or keep padding_free=True, which needs no padding."
+            )
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError(
+                "padding_free=False pads examples, but the tokenizer has no pad token. Set one first, e.g. "
+                "`tokenizer.pad_token = tokenizer.eos_token` (tokens equal to the pad id keep their labels here, so "
+                "the EOS is still trained), or keep padding_free=True, which needs no padding."
+            )
+
+    def _pad(self, features: list[dict[str, Any]], *, return_tensors: str) -> dict[str, Any]:
+        """Pad to the longest example on the tokenizer's `padding_side`, with an attention mask (unflattened layout).
 
         Examples are validated and concatenated by `flatten_features`, exactly as when flattening, then scattered into
         rows.
         """
+        self._check_pad_token()
         flattener = self.flattener
         flat = flatten_features(features, vocab_size=flattener.vocab_size, max_seq_len=flattener.max_seq_len)
         batch = pad_flat(
-            flat, pad_token_id=self.tokenizer.pad_token_id, pad_to_multiple_of=flattener.pad_to_multiple_of
+            flat,
+            pad_token_id=self.tokenizer.pad_token_id,
+            pad_to_multiple_of=flattener.pad_to_multiple_of,
+            padding_side=getattr(self.tokenizer, "padding_side", "right"),
         )
-        if self.return_tensors == "pt":
+        if return_tensors == "pt":
             return {k: torch.from_numpy(v) for k, v in batch.items()}
         return batch
 
 
 def pad_flat(
-    flat: Mapping[str, np.ndarray], *, pad_token_id: int, pad_to_multiple_of: int | None = None
+    flat: Mapping[str, np.ndarray],
+    *,
+    pad_token_id: int,
+    pad_to_multiple_of: int | None = None,
+    padding_side: Literal["left", "right"] = "right",
 ) -> dict[str, np.ndarray]:
-    """Scatter a flattened batch (from `flatten_features`) back into right-padded rows, one per example::
+    """Scatter a flattened batch (from `flatten_features`) back into padded rows, one per example::
 
         flat      [a0 a1 a2 | b0]         example_offsets [0 3 4]
-        rows      [a0 a1 a2]
-                  [b0 p  p ]              attention_mask [[1 1 1] [1 0 0]]
+        right     [a0 a1 a2]              attention_mask [[1 1 1]
+                  [b0 p  p ]                              [1 0 0]]
+        left      [a0 a1 a2]              attention_mask [[1 1 1]
+                  [p  p  b0]                              [0 0 1]]
 
     Args:
         flat: `input_ids` and `labels` `(T,)` int64, `cu_seqlens` `(N + 1,)` int32, `example_offsets` `(B + 1,)` int64.
         pad_token_id: id of padding tokens (label -100, attention mask 0).
         pad_to_multiple_of: round the row width up to a multiple of this.
+        padding_side: `"right"` (padding after each example) or `"left"` (before it, e.g. for generation).
 
     Returns:
         `input_ids`, `labels`, `attention_mask`, each `(B, W)` int64.
@@ -204,7 +264,13 @@ def pad_flat(
     >>> padded = pad_flat(flat, pad_token_id=0)
     >>> padded["input_ids"].tolist(), padded["attention_mask"].tolist()
     ([[5, 6, 7], [8, 0, 0]], [[1, 1, 1], [1, 0, 0]])
+    >>> pad_flat(flat, pad_token_id=0, padding_side="left")["input_ids"].tolist()
+    [[5, 6, 7], [0, 0, 8]]
     """
+    if padding_side not in ("left", "right"):
+        raise ValueError(
+            f"padding_side must be 'left' or 'right', got {padding_side!r}; set `tokenizer.padding_side`."
+        )
     offsets, starts = flat["example_offsets"], flat["cu_seqlens"][:-1]
     sequences = np.diff(np.searchsorted(starts, offsets))  # sequences starting inside each example
     if sequences.max() > 1:
@@ -220,6 +286,8 @@ def pad_flat(
         width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
     rows = np.repeat(np.arange(len(lengths)), lengths)
     columns = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    if padding_side == "left":
+        columns += np.repeat(width - lengths, lengths)
     input_ids = np.full((len(lengths), width), pad_token_id, dtype=NP_IDS_DTYPE)
     labels = np.full((len(lengths), width), IGNORE_INDEX, dtype=NP_IDS_DTYPE)
     attention_mask = np.zeros((len(lengths), width), dtype=NP_IDS_DTYPE)

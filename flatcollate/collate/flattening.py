@@ -20,6 +20,7 @@ from ._features import (
     MASK_KEYS,
     as_1d_ints,
     check_attention_mask,
+    check_example,
     check_mask_values,
     check_same_length,
     check_token_range,
@@ -265,13 +266,7 @@ def _one_example(
     feature: Mapping[str, Any], *, index: int, max_seq_len: int | None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | int]:
     """`input_ids`, `labels` with masks folded in (or None) and the example's sequence length(s)."""
-    if not isinstance(feature, Mapping):
-        raise TypeError(f"example {index} must be a dict of fields, got {type(feature).__name__}.")
-    if "input_ids" not in feature:
-        raise ValueError(
-            f"example {index} has no 'input_ids' (fields: {sorted(feature)}); tokenize the data first, e.g. with "
-            "`flatcollate.data.make_supervised_dataset`."
-        )
+    check_example(feature, index=index)
     ids = as_1d_ints(feature["input_ids"], index=index, field="input_ids")
     length = ids.shape[0]
     if length == 0:
