@@ -7,12 +7,13 @@ nothing can attend across sequences.
 """
 
 import functools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trl import SFTTrainer
 
-from ..collate import DataCollatorWithFlattening
+from ..collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
 from ..collate._features import MASK_KEYS
 from ..modeling import prepare_model_for_flattening
 
@@ -22,7 +23,11 @@ class FlatSFTTrainer(SFTTrainer):
 
     With `SFTConfig(padding_free=True)` (or BFD packing), the batch is collated by `data_collator` (default:
     `DataCollatorWithFlattening` with the config's `pad_to_multiple_of`) and the model goes through
-    `prepare_model_for_flattening`. Without padding-free it is exactly `SFTTrainer`.
+    `prepare_model_for_flattening`. Without padding-free it is exactly `SFTTrainer` (padded batches, model not
+    prepared) and warns; passing a flattening collator then raises, naming `padding_free=True`.
+
+    `SFTTrainer(args=SFTConfig(padding_free=True), data_collator=collator)` raises TRL's "Passing a custom data
+    collator is not supported when using padding-free"; `FlatSFTTrainer` takes that same call.
 
     The tokens trained are those of `SFTTrainer(padding_free=True)` for every `SFTConfig`: TRL folds the masks the
     config asks for (`completion_mask` when `completion_only_loss`, `assistant_masks`) into `labels` while preparing
@@ -55,6 +60,18 @@ class FlatSFTTrainer(SFTTrainer):
             or (training_args.packing and training_args.packing_strategy in {"bfd", "bfd_split"})
         )
         if not padding_free:
+            if is_flattening_collator(data_collator):
+                raise ValueError(
+                    f"{type(data_collator).__name__} flattens batches, but padding-free training is off, so TRL would "
+                    "feed it to an unprepared model; pass SFTConfig(padding_free=True, max_length=None) (or "
+                    "packing=True with packing_strategy='bfd')."
+                )
+            warnings.warn(
+                "FlatSFTTrainer without padding_free=True is plain SFTTrainer: padded batches and a model that is not "
+                "prepared for flattening; pass SFTConfig(padding_free=True, max_length=None) (or packing=True with "
+                "packing_strategy='bfd') to train padding-free, or use trl.SFTTrainer.",
+                stacklevel=2,
+            )
             super().__init__(*args, data_collator=data_collator, **kwargs)
             return
         super().__init__(*args, **kwargs)
@@ -77,6 +94,17 @@ class FlatSFTTrainer(SFTTrainer):
         if not self._drops_mask_columns:
             return data_collator
         return functools.partial(collate_without_masks, collator=data_collator)  # a partial pickles for workers
+
+
+def is_flattening_collator(collator: Any) -> bool:
+    """Whether `collator` is one of flatcollate's collators that flatten the batch into one row.
+
+    >>> is_flattening_collator(DataCollatorWithFlattening()), is_flattening_collator(None)
+    (True, False)
+    """
+    if isinstance(collator, DataCollatorForCompletionOnlyLM):
+        return collator.padding_free
+    return isinstance(collator, DataCollatorWithFlattening)
 
 
 def collate_without_masks(features: Sequence[Mapping[str, Any]], *, collator: Callable) -> dict[str, Any]:
