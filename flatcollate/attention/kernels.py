@@ -17,6 +17,15 @@ from . import capabilities
 from .packed_segments import PackedSegments, host_boundaries
 
 
+def keys_before(window: int) -> int:
+    """The kernels' `window_size[0]` for transformers' `sliding_window`: keys kept before the query, itself excluded.
+
+    >>> keys_before(4)  # a window of 4 keeps the query and the 3 keys before it: window_size=(3, 0)
+    3
+    """
+    return window - 1
+
+
 def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """flash-attn's `flash_attn_varlen_func` (CUDA, fp16/bf16), called by keyword: positional orders differ."""
     _refuse_sinks("flash_attn", sinks)
@@ -31,7 +40,7 @@ def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, win
         dropout_p=dropout,
         softmax_scale=scale,
         causal=True,
-        window_size=(-1, -1) if window is None else (window - 1, 0),
+        window_size=(-1, -1) if window is None else (keys_before(window), 0),
         softcap=0.0 if softcap is None else softcap,
     )
 
@@ -50,7 +59,7 @@ def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, w
         segments.max_length,
         segments.max_length,
         scale=scale,
-        window_size=(-1, 0) if window is None else (window - 1, 0),
+        window_size=(-1, 0) if window is None else (keys_before(window), 0),
         enable_gqa=query.shape[1] != key.shape[1],
     )
 
