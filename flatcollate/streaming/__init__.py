@@ -2,9 +2,10 @@
 
 from .bins import OnlineBins
 from .examples import encode_row, fit_to_pack
+from .interleaving import InterleavedSource, interleave
 from .packer import StreamingPacker
 from .skips import StreamStats
-from .sources import InterleavedSource, IterableSource, RowSource, SequenceSource, as_source, interleave
+from .sources import IterableSource, RowSource, SequenceSource, as_source
 
 __all__ = [
     "InterleavedSource",

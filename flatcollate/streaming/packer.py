@@ -12,12 +12,14 @@ from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from ..data.row_errors import SkippedRow
 from .bins import STRATEGY_CHOICES, Item, OnlineBins, Strategy, packs_from_state, packs_to_state
 from .examples import OVERLONG_CHOICES, EncodeFn, Overlong, encode_row, fit_to_pack
-from .skips import SkipCounter, StreamStats, empty_skips, rows_read
+from .sharding import Readers, Sharding, check_sharding, plan_readers
+from .skips import SkipCounter, StreamStats, empty_skips
 from .sources import RowSource, as_source
 from .state import check_state, upgrade_state
 
 # 2: sources are identified by content, not only by kind and row count. 3: rows skipped by `encode_fn` are counted.
-_STATE_VERSION = 3
+# 4: readers split a sharded source by shards (the config holds the mode).
+_STATE_VERSION = 4
 
 logger = logging.getLogger(__name__)
 
@@ -36,16 +38,19 @@ class StreamingPacker(IterableDataset):
     removes `seq_lengths`, which no model's `forward` takes, but keeps `position_ids`; the collator finds the
     boundaries from either and checks that they agree when both are present.
 
-    Sharding: the source is one stream of rows `0, 1, 2, ...`; with `world_size` ranks of `num_workers` DataLoader
-    workers each, reader `rank * num_workers + worker_id` owns the rows whose index is congruent to it modulo
-    `world_size * num_workers`. Every row is owned by exactly one reader whatever the row count; readers may end with
-    one row more or less than each other.
+    Sharding: with `world_size` ranks of `num_workers` DataLoader workers each, there are `R = world_size *
+    num_workers` readers; reader `r = rank * num_workers + worker_id` reads either
+    - by source shards: the shards `r, r + R, ...` of a `datasets.IterableDataset` (or of every iterable source of an
+      `interleave`), when it has at least `R` shards; no row is read by two readers;
+    - by row index (otherwise): the stream rows whose index is congruent to `r` modulo `R`. A random-access source
+      reads only those rows; an iterable source is read in full by every reader and the other rows are discarded.
+    Every row is owned by exactly one reader whatever the row count (see `flatcollate.streaming.sharding`).
 
     Resume: `state_dict()` / `load_state_dict()` (called per worker by `torchdata.stateful_dataloader.
     StatefulDataLoader`) hold the source position and the buffered, already-encoded sequences, so a resumed run yields
     exactly the packs an uninterrupted run yields, without encoding consumed rows again. A state saved under another
-    configuration (pack length, buffer, strategy, rank, world size, worker count) or from other data (sources are
-    compared by kind, size and a content fingerprint) is refused, and so is a corrupted state.
+    configuration (pack length, buffer, strategy, rank, world size, worker count, sharding mode) or from other data
+    (sources are compared by kind, size and a content fingerprint) is refused, and so is a corrupted state.
 
     Skipped rows: `encode_fn` may return a `flatcollate.data.SkippedRow` (as `build_encoder(..., on_error="skip")`
     does) for a row it cannot encode. That row goes into no pack; it is counted by reason, the first row of each reason
@@ -68,8 +73,11 @@ class StreamingPacker(IterableDataset):
             `pack_len`.
         rank, world_size (`int`, *optional*): data-parallel position; default to `torch.distributed` when it is
             initialized, else a single process.
-        return_example_ids (`bool`, defaults to `False`): also yield `example_ids`, the stream row index of each
-            sequence (a split sequence repeats its row index).
+        sharding (`"auto"`, `"shards"` or `"rows"`, defaults to `"auto"`): split the readers' work by source shards
+            when there is one per reader, always by shards (an error when there are too few), or always by row index.
+        return_example_ids (`bool`, defaults to `False`): also yield `example_ids`, the row index of each sequence in
+            the stream this reader reads (the whole stream, or its own shards read one after the other); a split
+            sequence repeats its row index.
 
     >>> rows = [{"input_ids": list(range(n))} for n in (5, 4, 3, 4)]
     >>> [p["seq_lengths"] for p in StreamingPacker(rows, pack_len=8, buffer_size=4)]
@@ -87,6 +95,7 @@ class StreamingPacker(IterableDataset):
         overlong: Overlong = "error",
         rank: int | None = None,
         world_size: int | None = None,
+        sharding: Sharding = "auto",
         return_example_ids: bool = False,
     ):
         _check_positive("pack_len", pack_len)
@@ -106,6 +115,8 @@ class StreamingPacker(IterableDataset):
         if not 0 <= rank < world_size:
             raise ValueError(f"`rank` must be in [0, {world_size}), got {rank}.")
         self.source = as_source(source)
+        check_sharding(self.source, sharding=sharding, world_size=world_size, num_workers=None)
+        self.sharding = sharding
         self.pack_len, self.buffer_size, self.strategy, self.overlong = pack_len, buffer_size, strategy, overlong
         self.encode_fn = encode_fn
         self.rank, self.world_size = rank, world_size
@@ -114,10 +125,20 @@ class StreamingPacker(IterableDataset):
         self._pending: list[list[Item]] = []
         self._resume: dict | None = None
         self._skips = SkipCounter()
-        self._reader = (0, 1)  # (this reader, number of readers), set per pass
+        self._readers = Readers("rows", 0, 1)  # set per pass
+        self._stream: RowSource = self.source  # what this reader reads: the source, or its shards
 
     def _config(self) -> dict:
         worker = get_worker_info()
+        num_workers, worker_id = (1, 0) if worker is None else (worker.num_workers, worker.id)
+        readers = plan_readers(
+            self.source,
+            rank=self.rank,
+            world_size=self.world_size,
+            worker_id=worker_id,
+            num_workers=num_workers,
+            sharding=self.sharding,
+        )
         return {
             "version": _STATE_VERSION,
             "pack_len": self.pack_len,
@@ -127,36 +148,34 @@ class StreamingPacker(IterableDataset):
             "source": self.source.fingerprint(),
             "rank": self.rank,
             "world_size": self.world_size,
-            "num_workers": 1 if worker is None else worker.num_workers,
-            "worker_id": 0 if worker is None else worker.id,
+            "num_workers": num_workers,
+            "worker_id": worker_id,
+            "sharding": readers.mode,
         }
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # Set up eagerly (not inside the generator) so `state_dict()` is right before the first item is drawn.
         state, self._resume = self._resume, None
-        self.source.load_state_dict(None if state is None else state["source"])
+        self._readers = Readers.from_config(self._config())
+        self._stream = self._readers.stream(self.source)
+        self._stream.load_state_dict(None if state is None else state["source"])
         self._bins = OnlineBins(pack_len=self.pack_len, buffer_size=self.buffer_size, strategy=self.strategy)
         self._pending = []
         self._skips.load_state_dict(None if state is None else state["skipped"])
         if state is not None:
             self._bins.load_state_dict(state["bins"])
             self._pending = packs_from_state(state["pending"])
-        config = self._config()
-        reader = config["rank"] * config["num_workers"] + config["worker_id"]
-        self._reader = (reader, config["world_size"] * config["num_workers"])
-        return self._generate(self._bins, *self._reader)
+        return self._generate(self._bins, self._stream, self._readers)
 
-    def _generate(self, bins: OnlineBins, reader: int, num_readers: int) -> Iterator[dict[str, Any]]:
+    def _generate(self, bins: OnlineBins, stream: RowSource, readers: Readers) -> Iterator[dict[str, Any]]:
         yield from self._yield_all(bins, self._pending)
         while True:
             try:
-                taken = self.source.next_row(take=self.source.position % num_readers == reader)
+                stream.skip(readers.to_skip(stream.position))  # the rows of other readers (none by shards)
+                row, origin = stream.next_row(take=True)
             except StopIteration:
                 break
-            if taken is None:
-                continue
-            row, origin = taken
-            example_id = self.source.position - 1
+            example_id = stream.position - 1
             encoded = encode_row(row, encode_fn=self.encode_fn, origin=origin)
             if isinstance(encoded, SkippedRow):
                 self._skips.add(encoded, origin=origin)
@@ -168,7 +187,7 @@ class StreamingPacker(IterableDataset):
             # yields still holds the packs not yet yielded: they are put back in front until they leave.
             yield from self._yield_all(bins, ready)
         if self._skips.counts:
-            logger.warning("StreamingPacker reader %d of %d: %s", reader, num_readers, self.stats())
+            logger.warning("StreamingPacker reader %d of %d: %s", readers.reader, readers.num_readers, self.stats())
         yield from self._yield_all(bins, bins.flush())
 
     def _yield_all(self, bins: OnlineBins, ready: list[list[Item]]) -> Iterator[dict[str, Any]]:
@@ -202,7 +221,7 @@ class StreamingPacker(IterableDataset):
             return {"config": self._config(), "source": None, "bins": empty, "pending": empty, "skipped": empty_skips()}
         return {
             "config": self._config(),
-            "source": self.source.state_dict(),
+            "source": self._stream.state_dict(),
             "bins": self._bins.state_dict(),
             "pending": packs_to_state(self._pending),
             "skipped": self._skips.state_dict(),
@@ -224,8 +243,7 @@ class StreamingPacker(IterableDataset):
         """
         if self._bins is None:
             return StreamStats.from_state(self.state_dict())
-        reader, num_readers = self._reader
-        return self._skips.stats(rows_read(self.source.position, reader=reader, num_readers=num_readers))
+        return self._skips.stats(self._readers.rows_owned(self._stream.position))
 
     def load_state_dict(self, state: dict) -> None:
         """Resume the next pass from `state`.
@@ -234,7 +252,8 @@ class StreamingPacker(IterableDataset):
         configuration or from other data, or one that is corrupted, raises `ValueError` naming what is wrong.
         """
         state = upgrade_state(state, version=_STATE_VERSION)
-        check_state(state, config=self._config(), source=self.source)
+        config = self._config()
+        check_state(state, config=config, source=Readers.from_config(config).stream(self.source))
         self._resume = state
 
 

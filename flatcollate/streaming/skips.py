@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.row_errors import SkippedRow
+from .sharding import Readers
 
 logger = logging.getLogger(__name__)
 SHOWN = 5  # row origins kept per reason
@@ -143,15 +144,6 @@ def empty_skips() -> dict:
     return {key: {} for key in SKIP_KEYS}
 
 
-def rows_read(position: int, *, reader: int, num_readers: int) -> int:
-    """How many of the stream rows `0 .. position - 1` belong to `reader` (those congruent to it modulo `num_readers`).
-
-    >>> rows_read(10, reader=1, num_readers=4)  # rows 1, 5, 9
-    3
-    """
-    return max(0, -(-(position - reader) // num_readers))
-
-
 def skips_problem(skips: Any, *, num_rows: int) -> str | None:
     """What is wrong with a `skipped` state of a reader that has read `num_rows` rows, or `None`."""
     if not isinstance(skips, dict):
@@ -187,13 +179,11 @@ def skips_problem(skips: Any, *, num_rows: int) -> str | None:
 
 
 def _stats_of(state: dict) -> StreamStats:
-    config = state["config"]
-    num_readers = config["world_size"] * config["num_workers"]
-    reader = config["rank"] * config["num_workers"] + config["worker_id"]
+    readers = Readers.from_config({"sharding": "rows", **state["config"]})  # before version 4: by row index
     position = 0 if state["source"] is None else int(state["source"]["position"])
     counter = SkipCounter()
     counter.load_state_dict(state.get("skipped"))
-    return counter.stats(rows_read(position, reader=reader, num_readers=num_readers))
+    return counter.stats(readers.rows_owned(position))
 
 
 def _packer_states(state: Any) -> Iterator[dict]:

@@ -1,8 +1,12 @@
 """Row sources a streaming packer reads from, each able to report and restore its position exactly.
 
-Every source walks one global stream of rows, `0, 1, 2, ...`. A reader that owns only some rows (a data-parallel rank
-or a DataLoader worker) still walks the whole stream, but asks for the rows it does not own with `take=False`: a
-random-access source then moves its cursor without reading the row at all, a plain iterable reads and discards it.
+A source is one stream of rows, `0, 1, 2, ...`. Readers (data-parallel ranks times DataLoader workers) split it in one
+of two ways, chosen by `flatcollate.streaming.sharding`:
+
+- by row index: every reader walks the stream and `skip`s the rows it does not own. A random-access source moves its
+  cursor over them without reading them, so a reader touches only its own rows; an iterable reads and discards them.
+- by source shards: a `datasets.IterableDataset` with at least one shard per reader (or an `interleave` of such
+  sources) gives every reader a source of its own shards (`shard(index, count)`), so no row is read twice.
 
 Resume, by kind of source:
 
@@ -24,7 +28,6 @@ import numpy as np
 
 from .fingerprints import has_shuffle_buffer, iterable_dataset_fingerprint, sequence_fingerprint
 
-_DRAW_BLOCK = 1024
 _END = object()
 
 
@@ -32,10 +35,22 @@ class RowSource:
     """Base class: a cursor over one stream of rows.
 
     Subclasses implement `_advance(take)`, which returns the next row (or `None` when `take` is false) and raises
-    `StopIteration` at the end, plus `fingerprint`, `state_dict`, `check_state` and `load_state_dict`.
+    `StopIteration` at the end, plus `fingerprint`, `state_dict`, `check_state` and `load_state_dict`. A source that
+    readers can split by shards also gives `num_shards` and `shard`.
     """
 
     position: int = 0
+    num_shards: int | None = None  # shards readers can split the source into; `None`: split it by row index
+
+    def shard(self, index: int, count: int) -> "RowSource":
+        """A source of the shards `index, index + count, ...` only, for reader `index` of `count`."""
+        raise TypeError(f"A {type(self).__name__} cannot be split by shards.")
+
+    def skip(self, count: int) -> None:
+        """Move past `count` rows without handing them out; raises `StopIteration` where the stream ends."""
+        for _ in range(count):  # a plain iterable has to read the rows it skips
+            self._advance(False)
+            self.position += 1
 
     def next_row(self, *, take: bool) -> tuple[Any, str] | None:
         """The next row and a description of where it came from, or `None` for a row the caller does not own."""
@@ -87,6 +102,17 @@ class SequenceSource(RowSource):
             raise StopIteration
         return self.rows[self.position] if take else None
 
+    def skip(self, count: int) -> None:
+        # Random access: the cursor jumps, the skipped rows are never read.
+        self.position += count
+        if self.position > len(self.rows):
+            self.position = len(self.rows)
+            raise StopIteration
+
+    def shard(self, index: int, count: int) -> "SequenceSource":
+        """The rows `index, index + count, ...`, still random access (a shard of an `interleave` of sharded sources)."""
+        return SequenceSource(StridedRows(self.rows, index, count))
+
     def fingerprint(self) -> dict:
         if self._content is None:  # computed once: `state_dict()` runs after every batch
             self._content = sequence_fingerprint(self.rows)
@@ -96,7 +122,7 @@ class SequenceSource(RowSource):
         return {"position": self.position}
 
     def check_state(self, state: Any) -> str | None:
-        return _position_problem(state, limit=len(self.rows))
+        return position_problem(state, limit=len(self.rows))
 
     def load_state_dict(self, state: dict | None) -> None:
         self.position = 0 if state is None else int(state["position"])
@@ -105,8 +131,9 @@ class SequenceSource(RowSource):
 class IterableSource(RowSource):
     """Rows from an iterable: a `datasets.IterableDataset` resumes from its own state, anything else is replayed."""
 
-    def __init__(self, rows: Iterable):
+    def __init__(self, rows: Iterable, *, reader: tuple[int, int] | None = None):
         self.rows = rows
+        self.reader = reader  # (index, count) when `rows` holds only the shards of one reader
         self.position = 0
         self._iterator: Iterator | None = None
         self._replay = 0
@@ -122,6 +149,27 @@ class IterableSource(RowSource):
                 "files with a fixed seed."
             )
 
+    @property
+    def num_shards(self) -> int | None:
+        # A dataset already split with `split_dataset_by_node` is read as it is, by row index.
+        if not self._hf or self.reader is not None or getattr(self.rows, "_distributed", None):
+            return None
+        return int(self.rows.num_shards)
+
+    def shard(self, index: int, count: int) -> "IterableSource":
+        """The shards `index, index + count, ...` of the `datasets.IterableDataset` (its `shard(contiguous=False)`)."""
+        if self.num_shards is None:
+            return super().shard(index, count)
+        part = self.rows.shard(num_shards=count, index=index, contiguous=False)
+        part.set_epoch(self.rows.epoch)  # `shard` starts a new dataset at epoch 0
+        return IterableSource(part, reader=(index, count))
+
+    def describe(self, position: int) -> str:
+        if self.reader is None:
+            return f"row {position}"
+        index, count = self.reader
+        return f"row {position} of shards {index}::{count}"
+
     def _advance(self, take: bool) -> Any:
         if self._iterator is None:
             self._iterator = self._open()
@@ -134,7 +182,7 @@ class IterableSource(RowSource):
             if self._inner_state is not None:
                 self._dataset.load_state_dict(self._inner_state)
             # `iter(batch_size=1)` rather than `iter(dataset)`: inside a DataLoader worker the latter would hand this
-            # worker only some of the dataset's shards, while sharding here is done by row index over the whole stream.
+            # worker only some of the dataset's shards, while the packer has already split the readers' work.
             return ({key: values[0] for key, values in batch.items()} for batch in self._dataset.iter(batch_size=1))
         iterator = iter(self.rows)
         for replayed in range(self._replay):  # replaying consumed rows is the only way back into a plain iterable
@@ -160,7 +208,7 @@ class IterableSource(RowSource):
         return state
 
     def check_state(self, state: Any) -> str | None:
-        problem = _position_problem(state, limit=None)
+        problem = position_problem(state, limit=None)
         if problem is None and self._hf:
             inner = state.get("dataset")
             if not isinstance(inner, dict) and (inner is not None or state["position"] > 0):
@@ -175,78 +223,6 @@ class IterableSource(RowSource):
         self.position = 0 if state is None else int(state["position"])
         self._replay = self.position
         self._inner_state = None if state is None else state.get("dataset")
-
-
-class InterleavedSource(RowSource):
-    """Rows drawn from several sources with fixed probabilities; built by `interleave`.
-
-    The choice of source for draw `i` depends only on `(seed, i)`, so the state is the draw counter plus the state of
-    every child. The stream ends when the chosen source is exhausted (as `datasets.interleave_datasets` does with
-    `stopping_strategy="first_exhausted"`), which keeps the proportions honest to the end.
-    """
-
-    def __init__(self, sources: Sequence[RowSource], probabilities: np.ndarray, seed: int):
-        self.sources = list(sources)
-        self.probabilities = probabilities
-        self.seed = seed
-        self.position = 0
-        self._cumulative = np.cumsum(probabilities)
-        self._block_index = -1
-        self._block = np.empty(0, dtype=np.int64)
-
-    def _choice(self, draw: int) -> int:
-        block_index, offset = divmod(draw, _DRAW_BLOCK)
-        if block_index != self._block_index:
-            uniforms = np.random.default_rng([self.seed, block_index]).random(_DRAW_BLOCK)
-            choices = np.searchsorted(self._cumulative, uniforms * self._cumulative[-1], side="right")
-            self._block = np.minimum(choices, len(self.sources) - 1)
-            self._block_index = block_index
-        return int(self._block[offset])
-
-    def describe(self, position: int) -> str:
-        index = self._choice(position)
-        return f"source {index} {self.sources[index].describe(self.sources[index].position)} (stream row {position})"
-
-    def _advance(self, take: bool) -> Any:
-        child = self.sources[self._choice(self.position)]
-        row = child._advance(take)
-        child.position += 1
-        return row
-
-    def fingerprint(self) -> dict:
-        return {
-            "kind": "interleave",
-            "probabilities": [float(p) for p in self.probabilities],
-            "seed": self.seed,
-            "sources": [source.fingerprint() for source in self.sources],
-        }
-
-    def state_dict(self) -> dict:
-        return {"position": self.position, "sources": [source.state_dict() for source in self.sources]}
-
-    def check_state(self, state: Any) -> str | None:
-        problem = _position_problem(state, limit=None)
-        if problem is not None:
-            return problem
-        children = state.get("sources")
-        if not isinstance(children, list) or len(children) != len(self.sources):
-            count = len(children) if isinstance(children, list) else type(children).__name__
-            return f"the interleaved source state holds {count} source states for {len(self.sources)} sources"
-        for index, (source, child) in enumerate(zip(self.sources, children, strict=True)):
-            problem = source.check_state(child)
-            if problem is not None:
-                return f"source {index}: {problem}"
-        # Every draw advances exactly one source.
-        total = sum(int(child["position"]) for child in children)
-        if total != state["position"]:
-            return f"the interleaved source made {state['position']} draws but its sources' positions sum to {total}"
-        return None
-
-    def load_state_dict(self, state: dict | None) -> None:
-        self.position = 0 if state is None else int(state["position"])
-        children = [None] * len(self.sources) if state is None else state["sources"]
-        for source, child_state in zip(self.sources, children, strict=True):
-            source.load_state_dict(child_state)
 
 
 def as_source(rows: Iterable | RowSource) -> RowSource:
@@ -267,34 +243,24 @@ def as_source(rows: Iterable | RowSource) -> RowSource:
     raise TypeError(f"Expected an iterable of rows, got {type(rows).__name__}.")
 
 
-def interleave(sources: Sequence[Iterable], probabilities: Sequence[float], seed: int) -> InterleavedSource:
-    """Mix several row sources, drawing each row from source `k` with probability `probabilities[k]`.
+class StridedRows(Sequence):
+    """The rows `start, start + step, ...` of a random-access source, read only when asked for.
 
-    Args:
-        sources: lists, `datasets` datasets or iterables of rows (see `as_source`).
-        probabilities: one non-negative weight per source; normalized to sum to 1.
-        seed (`int`): the draws depend only on `(seed, row index)`, so a resumed stream draws the same sources.
-
-    Returns:
-        `InterleavedSource`, usable as the source of `StreamingPacker` or iterated directly.
-
-    >>> mixed = interleave([["a"] * 5, ["b"] * 5], [0.5, 0.5], seed=0)
-    >>> sorted(set(mixed))
-    ['a', 'b']
+    >>> list(StridedRows(list("abcdefg"), 1, 3))
+    ['b', 'e']
     """
-    if len(sources) == 0:
-        raise ValueError("`interleave` needs at least one source.")
-    weights = np.asarray(probabilities, dtype=np.float64)
-    if weights.shape != (len(sources),):
-        raise ValueError(f"Got {len(sources)} sources but {weights.size} probabilities; give one per source.")
-    if not np.all(np.isfinite(weights)) or np.any(weights < 0) or weights.sum() <= 0:
-        raise ValueError(f"`probabilities` must be non-negative with a positive sum, got {weights.tolist()}.")
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"`seed` must be an int, got {seed!r}.")
-    return InterleavedSource([as_source(source) for source in sources], weights / weights.sum(), int(seed))
+
+    def __init__(self, rows: Sequence, start: int, step: int):
+        self.rows, self._indices = rows, range(start, len(rows), step)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.rows[self._indices[index]]
 
 
-def _position_problem(state: Any, *, limit: int | None) -> str | None:
+def position_problem(state: Any, *, limit: int | None) -> str | None:
     """What is wrong with the `position` of a source state; `limit` is the row count of a sized source."""
     if not isinstance(state, dict) or "position" not in state:
         return f"the source state must be a dict with a `position`, got {repr(state)[:80]}"

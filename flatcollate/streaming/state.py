@@ -3,8 +3,10 @@
 A state is accepted only if it was saved under this packer's configuration (same data, pack length, buffer, strategy,
 readers) and describes a point this stream can reach. What is checked::
 
-    config    every key present and equal (version first; the source by kind, size and content fingerprint)
-    source    the source's own check: position an int in [0, row count] for sized sources, >= 0 otherwise
+    config    every key present and equal (version first; the source by kind, size and content fingerprint; the
+              sharding mode, so a state saved reading by shards is refused reading by row index and the other way)
+    source    the source's own check (the reader's shards by shards): position an int in [0, row count] for sized
+              sources, >= 0 otherwise
     bins      a packs state (below) of at most buffer_size sequences
     pending   a packs state
     skipped   rows `encode_fn` skipped (see `flatcollate.streaming.skips`): a count >= 1 per reason, at most as
@@ -13,10 +15,12 @@ readers) and describes a point this stream can reach. What is checked::
     packs state   pack_sizes (P,)  example_ids (N,)  lengths (N,)  input_ids (T,)  labels (T,)   1-D int64 tensors
                   every pack non-empty, sum(pack_sizes) = N, 1 <= lengths <= pack_len, sum(lengths) = T,
                   every pack's tokens <= pack_len, ids >= 0,
-                  example ids read before the saved position, owned by this reader, non-decreasing inside a pack
+                  example ids read before the saved position, owned by this reader (by row index: congruent to it
+                  modulo the readers; by shards: every row of its stream), non-decreasing inside a pack
 
 Anything else raises `ValueError` that names what is wrong and says to start from scratch without loading it. A state
-of version 2 (saved before skipped rows were counted, when no row could be skipped) is read as one with no skips.
+of version 2 (saved before skipped rows were counted, when no row could be skipped) is read as one with no skips;
+states of versions 2 and 3 (saved before readers could read by shards) as states read by row index.
 """
 
 from typing import Any
@@ -24,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .skips import empty_skips, rows_read, skips_problem
+from .sharding import Readers
+from .skips import empty_skips, skips_problem
 from .sources import RowSource
 
 STATE_KEYS = ("config", "source", "bins", "pending", "skipped")
@@ -59,8 +64,8 @@ def check_state(state: Any, *, config: dict, source: RowSource) -> None:
     if problem is not None:
         raise _corrupt(problem)
     position = 0 if state["source"] is None else int(state["source"]["position"])
-    num_readers = config["world_size"] * config["num_workers"]
-    reader = config["rank"] * config["num_workers"] + config["worker_id"]
+    readers = Readers.from_config(config)
+    reader, num_readers = readers.owner
     for name in ("bins", "pending"):
         problem = _packs_problem(
             state[name], pack_len=config["pack_len"], position=position, reader=reader, num_readers=num_readers
@@ -70,20 +75,26 @@ def check_state(state: Any, *, config: dict, source: RowSource) -> None:
     buffered = state["bins"]["lengths"].numel()
     if buffered > config["buffer_size"]:
         raise _corrupt(f"`bins` holds {buffered} sequences, more than buffer_size={config['buffer_size']}")
-    problem = skips_problem(state["skipped"], num_rows=rows_read(position, reader=reader, num_readers=num_readers))
+    problem = skips_problem(state["skipped"], num_rows=readers.rows_owned(position))
     if problem is not None:
         raise _corrupt(f"`skipped`: {problem}")
 
 
 def upgrade_state(state: Any, *, version: int) -> Any:
-    """A version 2 state as the current `version`: it has no `skipped` (no row could be skipped then), so none were.
+    """An older state as the current `version`.
 
-    Anything else comes back unchanged, for `check_state` to judge.
+    Version 2 has no `skipped` (no row could be skipped then), so none were; versions 2 and 3 have no `sharding`
+    (readers always split the stream by row index then), so it is `"rows"`. Anything else comes back unchanged, for
+    `check_state` to judge.
     """
     config = state.get("config") if isinstance(state, dict) else None
-    if isinstance(config, dict) and config.get("version") == 2 and "skipped" not in state:
-        return {**state, "config": {**config, "version": version}, "skipped": empty_skips()}
-    return state
+    if not isinstance(config, dict) or config.get("version") not in (2, 3) or "sharding" in config:
+        return state
+    if config["version"] == 2:
+        if "skipped" in state:
+            return state
+        state = {**state, "skipped": empty_skips()}
+    return {**state, "config": {**config, "version": version, "sharding": "rows"}}
 
 
 def _packs_problem(packs: Any, *, pack_len: int, position: int, reader: int, num_readers: int) -> str | None:
@@ -148,10 +159,15 @@ def _mismatch(key: str, saved: Any, current: Any) -> ValueError:
             "`datasets.Dataset` whose transforms `datasets` could not hash gets a new random fingerprint each run; "
             "save it with `save_to_disk` and load it back to keep one)."
         )
+    if key == "sharding":
+        hint = (
+            f" Readers split the stream by {'source shards' if saved == 'shards' else 'row index'} when it was saved; "
+            f'pass sharding="{saved}" to resume it.'
+        )
     return ValueError(
         f"Cannot resume: the state was saved with {key}={saved!r} but this packer has {key}={current!r}.{hint} "
         "Resume with the configuration the state was saved with (same sources, pack_len, buffer_size, strategy, "
-        "overlong, rank, world_size and DataLoader num_workers), or start from scratch without loading it."
+        "overlong, rank, world_size, DataLoader num_workers and sharding), or start from scratch without loading it."
     )
 
 

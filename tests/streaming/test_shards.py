@@ -107,9 +107,7 @@ def test_fewer_shards_than_readers_falls_back_to_row_index(world_size, num_worke
 @pytest.mark.parametrize(("world_size", "num_workers"), [(1, 0), (3, 0), (2, 2)])
 def test_random_access_source_never_touches_other_readers_rows(world_size, num_workers, tmp_path):
     log = ReadLog(tmp_path / "reads")
-    rows = all_readers(
-        lambda: RecordedRows(make_rows(NUM_ROWS), log), world_size=world_size, num_workers=num_workers
-    )
+    rows = all_readers(lambda: RecordedRows(make_rows(NUM_ROWS), log), world_size=world_size, num_workers=num_workers)
     assert sorted(rows) == list(range(NUM_ROWS))
     assert log.reads() == list(range(NUM_ROWS))
 
@@ -238,8 +236,23 @@ def test_shard_mode_state_with_unread_example_id_is_refused():
 
 def test_forced_shard_mode_needs_a_shard_per_reader():
     with pytest.raises(ValueError, match=r"num_shards=2.*3 readers.*sharding=\"auto\""):
-        StreamingPacker(sharded(ReadLog("/dev/null"), num_shards=2), pack_len=8, rank=0, world_size=3, sharding="shards")
+        source = sharded(ReadLog("/dev/null"), num_shards=2)
+        StreamingPacker(source, pack_len=8, rank=0, world_size=3, sharding="shards")
     with pytest.raises(ValueError, match=r"list.*random access.*sharding=\"auto\""):
         StreamingPacker(make_rows(10), pack_len=8, sharding="shards")
     with pytest.raises(ValueError, match="`sharding` must be one of"):
         StreamingPacker(make_rows(10), pack_len=8, sharding="files")
+
+
+def test_dataset_split_by_node_is_refused_when_ranks_split_it_again():
+    from datasets.distributed import split_dataset_by_node
+
+    split = split_dataset_by_node(sharded(ReadLog("/dev/null"), num_shards=4), rank=1, world_size=2)
+    with pytest.raises(ValueError, match=r"split_dataset_by_node` \(rank 1 of 2\).*world_size=2 ranks"):
+        StreamingPacker(split, pack_len=16, rank=1, world_size=2)
+    with pytest.raises(ValueError, match="split_dataset_by_node"):
+        StreamingPacker(interleave([make_rows(5), split], [0.5, 0.5], seed=0), pack_len=16, rank=1, world_size=2)
+    # One rank's split, read by one packer (its DataLoader workers split it by row index): every row of it, once.
+    rows = delivered(StatefulDataLoader(StreamingPacker(split, pack_len=16), batch_size=None, num_workers=2))
+    reference = [row["input_ids"][0] for row in split]
+    assert sorted(rows) == sorted(reference) and len(reference) > 15

@@ -245,7 +245,8 @@ def test_state_of_version_2_resumes_with_zero_skips():
     head = [next(iterator)["input_ids"].tolist() for _ in range(3)]
     state = packer.state_dict()
     old = {key: value for key, value in state.items() if key != "skipped"}
-    old["config"] = {**state["config"], "version": 2}
+    # Version 2 had neither skip counts nor a sharding mode.
+    old["config"] = {**{k: v for k, v in state["config"].items() if k != "sharding"}, "version": 2}
     resumed = StreamingPacker(rows, pack_len=16, buffer_size=4)
     resumed.load_state_dict(old)
     assert head + [p["input_ids"].tolist() for p in resumed] == full
