@@ -126,3 +126,49 @@ def test_tokens_equal_to_the_pad_id_keep_their_labels(tokenizer_dir, padding_fre
     trained = labels[labels != -100].tolist()
     assert trained.count(tokenizer.eos_token_id) == 2
     assert tokenizer.decode(trained) == f" yes{tokenizer.eos_token} no no{tokenizer.eos_token}"
+
+
+def trl_0x_turn_labels(ids, response, instruction):
+    """TRL 0.x's multi-turn rule, re-stated from `trl/trainer/utils.py` (v0.19.1) as a slow reference.
+
+    It pairs the k-th instruction template with the k-th response template, and masks everything after the last
+    instruction when there are fewer responses than instructions.
+    """
+    def starts(pattern):
+        return [i for i in range(len(ids)) if ids[i : i + len(pattern)] == pattern]
+
+    labels = list(ids)
+    response_ends = [i + len(response) for i in starts(response)]
+    instructions = starts(instruction)
+    if not response_ends or not instructions:
+        return [-100] * len(ids)
+    if instructions[0] > response_ends[0]:
+        instructions = [0, *instructions]
+    for turn, (start, end) in enumerate(zip(instructions, response_ends)):  # noqa: B905 - pairs as TRL did
+        labels[(0 if turn == 0 else start) : end] = [-100] * (end - (0 if turn == 0 else start))
+    if len(response_ends) < len(instructions):
+        labels[instructions[-1] :] = [-100] * (len(ids) - instructions[-1])
+    return labels
+
+
+def test_multi_turn_labels_match_trl_on_alternating_turns():
+    rng = np.random.default_rng(5)
+    collator = DataCollatorForCompletionOnlyLM(R, U)
+    for _ in range(100):
+        ids = rng.integers(0, 50, int(rng.integers(0, 3))).tolist()  # an optional preamble (a system prompt)
+        for _turn in range(int(rng.integers(1, 4))):
+            ids += U + rng.integers(0, 50, int(rng.integers(0, 4))).tolist()
+            ids += R + rng.integers(0, 50, int(rng.integers(0, 4))).tolist()
+        if rng.random() < 0.3:  # a last user turn without its answer
+            ids += U + rng.integers(0, 50, int(rng.integers(0, 4))).tolist()
+        labels, _ = collator.completion_labels({"input_ids": ids}, index=0)
+        assert labels.tolist() == trl_0x_turn_labels(ids, R, U)
+
+
+def test_two_instruction_templates_in_a_row_keep_the_completions():
+    # Deliberately different: a user turn right after another (or a system prompt using the instruction template)
+    # shifts TRL 0.x's pairing of instructions with responses, and it trained on nothing here.
+    ids = [*U, 1, *U, 2, *R, 3, *U, 4, *R, 5]
+    labels, _ = DataCollatorForCompletionOnlyLM(R, U).completion_labels({"input_ids": ids}, index=0)
+    assert [t for t in labels.tolist() if t != -100] == [3, 5]
+    assert set(trl_0x_turn_labels(ids, R, U)) == {-100}
