@@ -320,6 +320,8 @@ def _missing_kernel(backend: str) -> str | None:
         return "flash-attn 3 (flash_attn_interface) is not installed, or there is no Hopper GPU."
     if backend == "flash_attention_4" and importlib.util.find_spec("flash_attn") is None:
         return "flash-attn 4 (pip install flash-attn-4) is not installed, or there is no CUDA GPU."
+    if backend == "flex_attention":  # the check runs on the CPU, where flex attention has no backward
+        return "flex attention has no backward pass on the CPU, where the check runs; check the other backends."
     return None
 
 

@@ -95,6 +95,11 @@ def test_check_missing_flash_attn_is_a_usage_error(capsys):
     _assert_usage_error(code, err, "flash_attention_2", "flash-attn")
 
 
+def test_check_flex_attention_cannot_train_on_the_cpu(capsys):
+    code, _, err = _run(capsys, "check", "llama", "--backends", "flex_attention")
+    _assert_usage_error(code, err, "flex attention", "CPU")
+
+
 def test_check_unknown_backend(capsys):
     code, _, err = _run(capsys, "check", "llama", "--backends", "flashy")
     _assert_usage_error(code, err, "flashy", "sdpa")
