@@ -30,6 +30,7 @@ import torch
 
 from ..boundaries import cu_seqlens_to_position_ids
 from .columns import (
+    EMPTY,
     describe_left_out,
     drop_empty_rows,
     flat_values,
@@ -38,7 +39,7 @@ from .columns import (
     row_lengths,
     split_columns,
 )
-from .packing import PackingStats, check_lengths, group_by_pack, pack_ids, split_lengths
+from .packing import OVERLONG, STRATEGIES, PackingStats, check_lengths, group_by_pack, pack_ids, split_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -167,10 +168,19 @@ class _ChunkPacker:
         return packed
 
 
+def _check_options(pack_len: int, batch_size: int, **options: str) -> None:
+    """Raise for a bad option before any row is read (a stream would only fail once iterated)."""
+    for name, value in options.items():
+        allowed = {"strategy": STRATEGIES, "overlong": OVERLONG, "empty": EMPTY}[name]
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is not one of {allowed}.")
+    for name, value in (("pack_len", pack_len), ("batch_size", batch_size)):
+        if not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}.")
+
+
 def _pack_stream(dataset: datasets.IterableDataset, pack_len: int, *, batch_size: int, **options):
     """Pack every chunk of `batch_size` rows on its own, lazily, keeping the stream's format."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     fmt = dataset._formatting.format_type if dataset._formatting is not None else None
     packed = dataset.with_format("arrow").map(
         _ChunkPacker(pack_len, **options),
@@ -198,8 +208,9 @@ def pack_dataset(
     is packed lazily, each chunk of `batch_size` rows on its own (as TRL's `pack_dataset` packs every dataset): a
     sequence only shares a pack with sequences of its chunk, so every chunk may end with a less full pack: 100k
     lengths uniform in 50-2000 into 4096 fill 99.79% in chunks of 1000 rows against 99.998% as a whole (TRL's
-    chunks: 99.73%); raise `batch_size` for fuller packs. Errors (e.g. an over-long sequence) are raised while iterating. A
-    `DatasetDict` / `IterableDatasetDict` is packed split by split. The dataset's format is kept.
+    chunks: 99.73%); raise `batch_size` for fuller packs. Bad options raise at once, bad rows (e.g. an over-long
+    sequence) while iterating. A `DatasetDict` / `IterableDatasetDict` is packed split by split. The dataset's format
+    is kept.
 
     Args:
         dataset (`datasets.Dataset`, `datasets.IterableDataset`, or a dict of them): rows with `input_ids` and
@@ -241,6 +252,7 @@ def pack_dataset(
     position_ids [[0, 1, 0, 1, 2, 3], [0, 1, 2]]
     seq_lengths [[2, 4], [3]]
     """
+    _check_options(pack_len, batch_size, strategy=strategy, overlong=overlong, empty=empty)
     options = {"strategy": strategy, "overlong": overlong, "empty": empty, "shuffle_seed": shuffle_seed}
     if isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
         splits = {

@@ -345,3 +345,21 @@ def test_dataset_dicts_are_packed_split_by_split():
     streamed = pack_dataset(datasets.IterableDatasetDict({k: v.to_iterable_dataset() for k, v in dd.items()}), 8)
     assert isinstance(streamed, datasets.IterableDatasetDict)
     assert list(streamed["train"]) == list(packed["train"])
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"strategy": "wrapped"}, r"strategy='wrapped' is not one of \('bfd', 'first_fit', 'next_fit'\)"),
+        ({"overlong": "drop"}, r"overlong='drop' is not one of \('error', 'truncate', 'split'\)"),
+        ({"empty": "keep"}, r"empty='keep' is not one of \('drop', 'error'\)"),
+        ({"batch_size": 0}, "batch_size must be a positive int, got 0"),
+    ],
+)
+@pytest.mark.parametrize("iterable", [False, True], ids=["dataset", "iterable"])
+def test_options_are_checked_before_any_row_is_read(options, match, iterable):
+    ds = make_rows([3, 12, 0])  # an over-long and an empty row: the option must be named first
+    if iterable:
+        ds = ds.to_iterable_dataset()
+    with pytest.raises(ValueError, match=match):
+        pack_dataset(ds, 8, **options)
