@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Validate flatcollate's CUDA paths on a machine with a GPU, in one command; writes one markdown report.
+#
+#   tools/gpu_validate.sh [REPORT]        (default REPORT: gpu-validate-report.md; run from the repository root)
+#
+# Environment: PYTHON (default: python), FAMILIES (default: "llama qwen2 mistral gemma2"), BENCH_OUT (default:
+# gpu-validate-bench). Steps, each recorded with its command, exit status and output tail:
+#   1. environment: GPU, torch and CUDA versions, flash-attn, and the capabilities flatcollate detected;
+#   2. tests/attention: the real flash_attn_varlen_func and varlen_attn against the slow references (outputs and
+#      gradients, bf16) -- these skip without CUDA or without the kernel -- plus the reference-kernel model proofs;
+#   3. `flatcollate check` per family (it runs a tiny model in fp32 on the CPU: it has no --device/--dtype);
+#   4. `flatcollate bench --device cuda --dtype bfloat16`.
+# Exit status: 0 when every step passed, 1 when one failed, 2 without a CUDA device (steps 1-3 still run).
+set -u -o pipefail
+
+REPORT=${1:-gpu-validate-report.md}
+PYTHON=${PYTHON:-python}
+FAMILIES=${FAMILIES:-llama qwen2 mistral gemma2}
+BENCH_OUT=${BENCH_OUT:-gpu-validate-bench}
+STATUS=0
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+
+# step TITLE COMMAND...: run a command, append its status and the last 60 lines of its output to the report.
+step() {
+    local title=$1
+    shift
+    local shown="${*//$'\n'/ }"
+    [ "${#shown}" -le 160 ] || shown="${shown:0:157}..."
+    echo "== $title: $shown" >&2
+    "$@" >"$LOG" 2>&1
+    local code=$?
+    [ "$code" -eq 0 ] || STATUS=1
+    {
+        echo "## $title"
+        echo
+        echo "\`$shown\` -> exit status $code"
+        echo
+        echo '```'
+        tail -n 60 "$LOG"
+        echo '```'
+        echo
+    } >>"$REPORT"
+    return 0
+}
+
+{
+    echo "# flatcollate GPU validation"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+} >"$REPORT"
+
+command -v nvidia-smi >/dev/null && step "GPU" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+step "Environment and detected capabilities" "$PYTHON" -c '
+import importlib.metadata as md, torch, transformers
+from flatcollate.attention import capabilities as c
+print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)
+for name in ("flash-attn", "flash_attn"):
+    try:
+        print("flash-attn", md.version(name)); break
+    except md.PackageNotFoundError:
+        pass
+print({k: getattr(c, k) for k in ("HAS_CUDA", "HAS_FLASH_ATTN", "HAS_TORCH_VARLEN", "HAS_FLEX_ATTENTION")})
+if torch.cuda.is_available():
+    print(torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+'
+# -rs lists every skipped test with its reason: a real-kernel test skipped on a GPU machine is worth reading.
+step "Attention tests (real kernels vs references)" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/attention \
+    tests/bench/test_throughput.py::test_cuda_memory_is_measured_when_available
+for family in $FAMILIES; do
+    step "flatcollate check $family" "$PYTHON" -m flatcollate check "$family" --lengths 7 1 12 4 9
+done
+
+if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    step "flatcollate bench (CUDA, bf16)" "$PYTHON" -m flatcollate bench --device cuda --dtype bfloat16 \
+        --out-dir "$BENCH_OUT" --no-progress
+    echo "Bench tables and plots: \`$BENCH_OUT/\`." >>"$REPORT"
+else
+    echo "## No CUDA device: the real-kernel tests skipped and the bench did not run." >>"$REPORT"
+    [ "$STATUS" -eq 0 ] && STATUS=2
+fi
+
+echo "Report: $REPORT (exit status $STATUS)" >&2
+exit "$STATUS"
