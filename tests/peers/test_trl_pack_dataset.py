@@ -9,9 +9,9 @@ flatcollate's best-fit decreasing places sequences differently from TRL's (and r
 upstream expectations are compared as: the multiset of sequences of the whole dataset, the validity of every pack
 (`seq_lengths` summing to the row, positions restarting, at most `pack_len` tokens), and a fill at least TRL's (no
 more packs than upstream expects). Names: TRL's `"bfd"` truncates over-long sequences, flatcollate's
-`overlong="truncate"`; TRL's `"bfd_split"` is `overlong="split"`. Deliberate differences (docs/peers.md, D11-D13):
+`overlong="truncate"`; TRL's `"bfd_split"` is `overlong="split"`. Deliberate differences (docs/peers.md, D12-D15):
 over-long sequences raise by default; `input_ids` is required and padded `attention_mask` rows raise; no `"wrapped"`
-strategy (it cuts sequences at pack boundaries with nothing to mark them).
+strategy (it cuts sequences at pack boundaries with nothing to mark them); other placements and a fill at least TRL's.
 """
 
 import itertools
@@ -77,7 +77,7 @@ def test_bfd_split_with_overlong():
     assert_same_packing(pack_dataset(dataset, 4, overlong="split"), expected, 4)
 
 
-# Upstream: TestPackDatasetBfd.test_with_overlong_two_coluns. Deliberately different (D12): flatcollate packs by
+# Upstream: TestPackDatasetBfd.test_with_overlong_two_coluns. Deliberately different (D13): flatcollate packs by
 # `input_ids`, so the first column is named so; the second is carried token by token.
 def test_bfd_split_with_two_columns():
     col1 = [[1, -2, 3, -4, 5, -6], [7, -8, 9], [-10, 11, -12], [13, -14, 15, -16]]
@@ -102,7 +102,7 @@ def test_bfd_split_with_non_power_of_2():
     assert_same_packing(pack_dataset(dataset, 5, overlong="split"), expected, 5)
 
 
-# Upstream: TestPackDatasetBfd.test_default_no_split. Deliberately different (D11): truncation is asked for by name.
+# Upstream: TestPackDatasetBfd.test_default_no_split. Deliberately different (D12): truncation is asked for by name.
 def test_bfd_default_truncates_only_when_asked():
     dataset = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]})
     with pytest.raises(ValueError, match=r"sequence 0 is 5 tokens > pack_len 4 .* pass overlong='split' or 'truncate'"):
@@ -122,7 +122,7 @@ def test_bfd_split_with_empty_sequences():
     assert stats.num_empty == 2  # dropped as upstream, and counted
 
 
-# Upstream: TestPackDatasetWrapped.test_with_dataset, test_with_iterable_dataset. Deliberately different (D13): no
+# Upstream: TestPackDatasetWrapped.test_with_dataset, test_with_iterable_dataset. Deliberately different (D14): no
 # "wrapped" strategy, and their padded attention_mask rows raise.
 def test_wrapped_is_not_a_strategy():
     examples = {"input_ids": [[1, 2, 3], [4, 5, 6, 7], [8]], "attention_mask": [[0, 1, 1], [0, 0, 1, 1], [1]]}

@@ -8,7 +8,7 @@ is not tagged in that copy). Only the padding-free tests apply: TRL's padded mod
 test. The installed trl 1.16.0 collator is also run on the same inputs and compared value for value.
 
 Where flatcollate deliberately differs, the test asserts flatcollate's behaviour and the upstream expectation side
-by side (docs/peers.md, D8-D10):
+by side (docs/peers.md, D9-D11):
 
 - `pad_to_multiple_of`: TRL gives each pad token position 0, so every pad token is a length-1 sequence of its own;
   flatcollate makes the padding one sequence (positions 0, 1, 2, ...), one `cu_seq_lens` entry, one `seq_idx`.
@@ -90,7 +90,7 @@ def test_packing():
     assert_same_as_installed_trl(examples)
 
 
-# Upstream (1.10.0.dev0): test_pad_to_multiple_of_and_padding_free. Deliberately different (D8).
+# Upstream (1.10.0.dev0): test_pad_to_multiple_of_and_padding_free. Deliberately different (D9).
 def test_pad_to_multiple_of_and_padding_free():
     examples = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4, 5], "labels": [4, 5]}]
     result = DataCollatorWithFlattening(pad_to_multiple_of=4)(examples)
@@ -109,7 +109,7 @@ def test_pad_to_multiple_of_and_padding_free():
 
 
 # Upstream (1.10.0.dev0): test_provided_labels_not_reconstructed_from_masks, in padding-free mode. Deliberately
-# different (D9): masks next to labels are folded in.
+# different (D10): masks next to labels are folded in.
 def test_provided_labels_and_masks():
     examples = [
         {"input_ids": [1, 2, 3], "labels": [1, 2, 3], "completion_mask": [0, 0, 1], "assistant_masks": [0, 0, 1]},
@@ -136,7 +136,7 @@ def test_positions_from_packed_seq_lengths(seq_lengths, positions):
     assert_same_as_installed_trl(examples)
 
 
-# Upstream (v0.19.1): test_padding_free_mode. Deliberately different (D10): no attention_mask, first labels -100.
+# Upstream (v0.19.1): test_padding_free_mode. Deliberately different (D11): no attention_mask, first labels -100.
 def test_v0_19_padding_free_mode():
     result = plain_collator()([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
     # v0.19.1: attention_mask [[1, 1, 1, 1, 1]], labels [[1, 2, 3, 4, 5]]
@@ -146,7 +146,7 @@ def test_v0_19_padding_free_mode():
     )
 
 
-# Upstream (v0.19.1): test_padding_free_with_completion_mask. Deliberately different (D10): the first label of the
+# Upstream (v0.19.1): test_padding_free_with_completion_mask. Deliberately different (D11): the first label of the
 # second sequence is -100 although its completion mask is 1 (it would be predicted from the first sequence).
 def test_v0_19_padding_free_with_completion_mask():
     examples = [
@@ -158,7 +158,7 @@ def test_v0_19_padding_free_with_completion_mask():
 
 
 # Upstream (v0.19.1): test_packing_drops_attention_mask_for_flash_attention. No attention_mask, as upstream; labels
-# differ (D10): v0.19.1 kept [[1, 2, 3, 4, 5, 6, 7, 8]].
+# differ (D11): v0.19.1 kept [[1, 2, 3, 4, 5, 6, 7, 8]].
 def test_v0_19_packed_position_ids_drop_attention_mask():
     examples = [{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "position_ids": [0, 1, 2, 0, 1, 0, 1, 2]}]
     assert_batch(
@@ -168,7 +168,7 @@ def test_v0_19_packed_position_ids_drop_attention_mask():
     )
 
 
-# Upstream (v0.19.1): test_padding_free_without_position_ids_keeps_attention_mask. Deliberately different (D10):
+# Upstream (v0.19.1): test_padding_free_without_position_ids_keeps_attention_mask. Deliberately different (D11):
 # never an attention_mask.
 def test_v0_19_without_position_ids_no_attention_mask():
     result = plain_collator()([{"input_ids": [1, 2, 3, 4, 5]}])
