@@ -1,9 +1,9 @@
 """transformers' tests of `DataCollatorWithFlattening`, ported to flatcollate's class of the same name.
 
 Upstream: huggingface/transformers `tests/trainer/test_data_collator.py`, class `TestDataCollatorWithFlattening`, read
-at commit 333839c694fb5b13b012d69dcea312e7a8ef36af (a copy of the main branch after v5.23.0; the v5.23.0 tag could
-not be fetched here). Its `return_cu_seqlens` tests are left out: transformers 5.23.0, the version this project
-pins, has no such option (passing it raises `TypeError` in both classes).
+at commit 333839c694fb5b13b012d69dcea312e7a8ef36af of the fork evalstate/transformers (newer than v5.23.0; the v5.23.0
+tag itself could not be fetched here). Its `return_cu_seqlens` tests are left out: transformers 5.23.0, the version
+this project pins, has no such option (passing it raises `TypeError` in both classes).
 
 flatcollate emits the flash-attention kwargs and `seq_idx` by default where transformers needs them asked for; the
 tests pass transformers' defaults explicitly where they compare key sets, and assert flatcollate's defaults
