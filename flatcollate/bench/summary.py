@@ -10,6 +10,7 @@ trusted.
 import os
 import platform
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -93,9 +94,19 @@ def _spread(values) -> dict:
     return {"median": median, "min": low, "max": high, "n": int(values.size)}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (`/proc/cpuinfo` on Linux, where `platform.processor()` is often empty), or `"cpu"`."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or "cpu"
+
+
 def _environment(device: torch.device, attn: str) -> dict:
     return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "device_type": device.type,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

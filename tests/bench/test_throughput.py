@@ -22,7 +22,7 @@ from flatcollate.bench.batches import (
 from flatcollate.bench.cli import add_arguments, config_from_args
 from flatcollate.bench.profiles import LengthProfile, load_profile
 from flatcollate.bench.report import REPORT_FILES, headline_lines, markdown_table, summary_text, write_report
-from flatcollate.bench.summary import headline
+from flatcollate.bench.summary import cpu_name, headline
 from flatcollate.bench.throughput import (
     MAX_SETTLE_PASSES,
     PROFILE_FILL_SAMPLE,
@@ -208,6 +208,7 @@ def test_peer_mode_is_transformers_own_padding_free_path(result):
 
 def test_cpu_runs_default_to_one_thread_and_restore_the_setting(result):
     assert result["environment"]["torch_threads"] == 1
+    assert result["environment"]["device"] == cpu_name() != ""
     assert torch.get_num_threads() == THREADS_BEFORE
     assert all(1 <= n <= MAX_SETTLE_PASSES for n in result["environment"]["warm_up_passes"].values())
     assert list(result["environment"]["warm_up_passes"]) == list(MODES)
