@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=int, default=1, help="multiply every sequence length")
     parser.add_argument("--repeats", type=int, default=7, help="timed forward + backward passes per kernel")
     parser.add_argument("--output", type=Path, default=None, help="folder for <device>.json and <device>.md")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.scale < 1:
         parser.error(f"--repeats and --scale must be at least 1, got {args.repeats} and {args.scale}")
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         Config(name=name, lengths=lengths, device=args.device, dtype=args.dtype, repeats=args.repeats)
         for name, lengths in length_mixes(args.scale).items()
     ]
-    results = [measure(config) for config in tqdm(configs, desc="length mixes")]
+    results = [measure(config) for config in tqdm(configs, desc="length mixes", disable=args.no_progress)]
     table = to_markdown(results)
     print(f"device={args.device} dtype={args.dtype} torch={torch.__version__}\n{table}")
     if args.output is None:
