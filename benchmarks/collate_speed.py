@@ -113,10 +113,12 @@ def markdown(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
-    parser.add_argument("--repeats", type=int, default=Config.repeats)
-    parser.add_argument("--batch-size", type=int, default=Config.batch_size)
+    parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed passes over the batches")
+    parser.add_argument("--batch-size", type=int, default=Config.batch_size, help="sequences per batch")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     cfg = Config(repeats=args.repeats, batch_size=args.batch_size)

@@ -103,10 +103,12 @@ def markdown(results: list[Result]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-sequences", type=int, default=Config.num_sequences)
-    parser.add_argument("--pack-len", type=int, default=Config.pack_len)
-    parser.add_argument("--repeats", type=int, default=Config.repeats)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--num-sequences", type=int, default=Config.num_sequences, help="sequences per profile")
+    parser.add_argument("--pack-len", type=int, default=Config.pack_len, help="tokens per pack")
+    parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed runs per packer")
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
