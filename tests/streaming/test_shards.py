@@ -172,6 +172,23 @@ def test_resume_in_shard_mode_matches_uninterrupted_run(world_size, num_workers,
         assert as_lists(head) + as_lists(resumed) == full, f"stopped after {stop} batches"
 
 
+def test_resume_of_interleaved_shards_matches_uninterrupted_run(tmp_path):
+    log = ReadLog(tmp_path / "reads")
+
+    def source():
+        return interleave([sharded(log, num_shards=4, n=120), make_rows(90, offset=1000)], [0.6, 0.4], seed=2)
+
+    full = as_lists(make_loader(source(), rank=1, world_size=2, num_workers=0))
+    assert len(full) >= 6
+    for stop in (1, len(full) // 2, len(full) - 1):
+        loader = make_loader(source(), rank=1, world_size=2, num_workers=0)
+        head = [batch for _, batch in zip(range(stop), loader, strict=False)]
+        resumed = make_loader(source(), rank=1, world_size=2, num_workers=0)
+        assert loader.dataset.state_dict()["config"]["sharding"] == "shards"
+        resumed.load_state_dict(save_and_load(loader.state_dict()))
+        assert as_lists(head) + as_lists(resumed) == full, f"stopped after {stop} batches"
+
+
 def test_resume_in_shard_mode_reads_no_row_again(tmp_path):
     log = ReadLog(tmp_path / "reads")
     loader = make_loader(sharded(log, num_shards=4, n=120), rank=0, world_size=2, num_workers=0)
