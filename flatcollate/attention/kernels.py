@@ -7,13 +7,11 @@ across; `window` keeps the last `window` keys of each query, itself included (tr
 logit per head to every softmax (gpt-oss; `sdpa` kernel only).
 """
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import capabilities
+from .length_batches import FromSlots, ToSlots, group_plan
 from .packed_segments import PackedSegments, host_boundaries
 
 
@@ -169,90 +167,6 @@ def _math_attention(q, k, v, *, scale, window, softcap, dropout, sinks=None):
     return F.dropout(probs, p=dropout, training=dropout > 0) @ v
 
 
-GROUP_FILL = 0.75
-"""Sequences share one batched SDPA call when the shortest is at least this fraction of the group's longest."""
-
-_PLANS: dict[str, tuple] = {}
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Similar-length sequences batched and right-padded, all batches back to back in one slot layout.
-
-    `slot_token` `(S,)` int64: the token each slot reads (a padding slot repeats its sequence's last token);
-    `token_slot` `(T,)` int64: the slot of each token; `real` `(S, 1, 1)` float: 1 for real slots, 0 for padding;
-    `batches`: `(first_slot, sequences, padded_length)` per batch.
-    """
-
-    slot_token: torch.Tensor
-    token_slot: torch.Tensor
-    real: torch.Tensor
-    batches: list[tuple[int, int, int]]
-
-
-def _group_plan(cu_seqlens: torch.Tensor) -> _Plan:
-    """The batching plan of a row, built on the host once per boundaries tensor (cached like `host_boundaries`)."""
-    entry = _PLANS.get("last")
-    if entry is not None and entry[0] is cu_seqlens and entry[1] == cu_seqlens._version:
-        return entry[2]
-    bounds = np.asarray(host_boundaries(cu_seqlens), dtype=np.int64)
-    starts, lengths = bounds[:-1], np.diff(bounds)
-    order = [i for i in np.argsort(-lengths, kind="stable") if lengths[i] > 0]
-    slot_token, real, batches, first, used = [], [], [], 0, 0
-    # Greedy over sequences sorted by length: a batch closes when the next one would waste too much padding.
-    for position in range(1, len(order) + 1):
-        if position == len(order) or lengths[order[position]] < GROUP_FILL * lengths[order[first]]:
-            members = np.array(order[first:position])
-            longest = int(lengths[members[0]])
-            offsets = np.arange(longest)[None, :]
-            slot_token.append((starts[members][:, None] + np.minimum(offsets, lengths[members][:, None] - 1)).ravel())
-            real.append((offsets < lengths[members][:, None]).ravel())
-            batches.append((used, len(members), longest))
-            used += len(members) * longest
-            first = position
-    slot_token = np.concatenate(slot_token) if slot_token else np.zeros(0, dtype=np.int64)
-    real = np.concatenate(real) if real else np.zeros(0, dtype=bool)
-    token_slot = np.empty(int(bounds[-1]), dtype=np.int64)
-    token_slot[slot_token[real]] = np.flatnonzero(real)
-    device = cu_seqlens.device
-    plan = _Plan(
-        slot_token=torch.from_numpy(slot_token).to(device),
-        token_slot=torch.from_numpy(token_slot).to(device),
-        real=torch.from_numpy(real).to(device, torch.float32)[:, None, None],
-        batches=batches,
-    )
-    _PLANS["last"] = (cu_seqlens, cu_seqlens._version, plan)
-    return plan
-
-
-class _ToSlots(torch.autograd.Function):
-    """Tokens `(T, H, D)` -> slots `(S, H, D)`. Backward reads each token's own slot: padding slots get no gradient
-    (their outputs are dropped and no real query sees them), so no scatter-add is needed."""
-
-    @staticmethod
-    def forward(ctx, tokens, plan):
-        ctx.plan = plan
-        return tokens.index_select(0, plan.slot_token)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.index_select(0, ctx.plan.token_slot), None
-
-
-class _FromSlots(torch.autograd.Function):
-    """Slots `(S, H, D)` -> tokens `(T, H, D)`; backward puts zeros in padding slots (a gather and a product)."""
-
-    @staticmethod
-    def forward(ctx, slots, plan):
-        ctx.plan = plan
-        return slots.index_select(0, plan.token_slot)
-
-    @staticmethod
-    def backward(ctx, grad):
-        plan = ctx.plan
-        return grad.index_select(0, plan.slot_token) * plan.real.to(grad.dtype), None
-
-
 def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """SDPA on batches of similar-length sequences, each right-padded: runs everywhere and trains.
 
@@ -273,11 +187,15 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
     math_path = softcap is not None or sinks is not None
     if groups > 1 and math_path:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    plan = _group_plan(segments.cu_seqlens)
-    slots = [_ToSlots.apply(t, plan) for t in (query, key, value)]
+    plan = group_plan(segments.cu_seqlens)
+    # A row already in batch order (equal lengths, one sequence) is read in place: gathers would only copy it.
+    slots = [t if plan.in_place else ToSlots.apply(t, plan) for t in (query, key, value)]
+    # Split, not sliced: the backward of a split is one concatenation, that of each slice a zero-filled row.
+    sizes = [size * length for _, size, length in plan.batches]
+    pieces = [t.split(sizes) if len(sizes) > 1 else (t,) for t in slots]
     outputs = []
-    for first, size, length in plan.batches:  # one batched call per group of similar lengths
-        q, k, v = (t[first : first + size * length].view(size, length, *t.shape[1:]).transpose(1, 2) for t in slots)
+    for (_, size, length), *qkv in zip(plan.batches, *pieces, strict=True):  # one call per group of similar lengths
+        q, k, v = (t.view(size, length, *t.shape[1:]).transpose(1, 2) for t in qkv)
         if math_path:
             out = _math_attention(q, k, v, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
         else:
@@ -286,7 +204,8 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
                 q, k, v, attn_mask=band, dropout_p=dropout, is_causal=band is None, scale=scale, enable_gqa=groups > 1
             )
         outputs.append(out.transpose(1, 2).reshape(size * length, out.shape[1], out.shape[-1]))
-    return _FromSlots.apply(torch.cat(outputs), plan)
+    out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    return out if plan.in_place else FromSlots.apply(out, plan)
 
 
 KERNELS = {

@@ -144,11 +144,11 @@ def test_forward_function_layout_and_default_scale():
 
 
 def test_group_plan_batches_similar_lengths_and_covers_every_token_once():
-    from flatcollate.attention.kernels import _group_plan
+    from flatcollate.attention.length_batches import group_plan
 
     lengths = [8, 8, 3, 7, 1, 4]
     cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
-    plan = _group_plan(cu)
+    plan = group_plan(cu)
     assert plan.batches == [(0, 3, 8), (24, 2, 4), (32, 1, 1)]
     real = plan.real.reshape(-1).bool()
     assert sorted(plan.slot_token[real].tolist()) == list(range(sum(lengths)))  # every token in exactly one slot
