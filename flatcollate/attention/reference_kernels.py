@@ -40,10 +40,13 @@ class KernelContract:
     Args:
         dtypes (`tuple[torch.dtype, ...]`): allowed dtypes of `q`, `k`, `v` (all three must agree).
         device_type (`str`): device type every tensor, `cu_seqlens` included, must live on.
+        compute_dtype (`torch.dtype`): dtype of the reference's arithmetic (float64: the exact answer; the inputs'
+            dtype: the error a plain implementation makes, which sets the tolerance for the real kernels).
     """
 
     dtypes: tuple[torch.dtype, ...] = HALF_DTYPES
     device_type: str = "cuda"
+    compute_dtype: torch.dtype = torch.float64
 
 
 CUDA_CONTRACT = KernelContract()
@@ -168,7 +171,18 @@ def flash_attn_varlen_func(contract: KernelContract = CUDA_CONTRACT):
         if dropout_p or alibi_slopes is not None or return_attn_probs or block_table is not None:
             raise NotImplementedError("the reference computes no dropout, ALiBi, attention probabilities or paging")
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-        return varlen_attention(q, k, v, bounds_q, bounds_k, scale=scale, left=left, right=right, softcap=softcap)
+        return varlen_attention(
+            q,
+            k,
+            v,
+            bounds_q,
+            bounds_k,
+            scale=scale,
+            left=left,
+            right=right,
+            softcap=softcap,
+            compute_dtype=contract.compute_dtype,
+        )
 
     return reference
 
@@ -212,6 +226,17 @@ def varlen_attn(contract: KernelContract = CUDA_CONTRACT):
         if return_aux is not None or seqused_k is not None or block_table is not None:
             raise NotImplementedError("the reference returns no log-sum-exp and has no paged or partial KV")
         scale = query.shape[-1] ** -0.5 if scale is None else scale
-        return varlen_attention(query, key, value, bounds_q, bounds_k, scale=scale, left=left, right=right, softcap=0)
+        return varlen_attention(
+            query,
+            key,
+            value,
+            bounds_q,
+            bounds_k,
+            scale=scale,
+            left=left,
+            right=right,
+            softcap=0,
+            compute_dtype=contract.compute_dtype,
+        )
 
     return reference

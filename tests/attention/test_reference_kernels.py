@@ -10,7 +10,6 @@ from flatcollate.attention.kernels import sdpa_kernel
 from flatcollate.attention.reference_kernels import (
     KernelContract,
     flash_attn_varlen_func,
-    varlen_attention,
     varlen_attn,
 )
 from flatcollate.boundaries import lengths_to_cu_seqlens
@@ -151,85 +150,54 @@ def test_torch_varlen_needs_enable_gqa_and_flash_refuses_softcap_with_dropout():
 # On a CUDA machine: the real kernels against the references, outputs and gradients, on awkward lengths in bf16.
 # Tolerance as in flash-attn's own tests: twice the error of the same reference computed in bf16.
 needs_cuda = pytest.mark.skipif(not capabilities.HAS_CUDA, reason="needs a CUDA device")
+REAL_DEVICE = "cuda"
+EXACT, ROUGH = KernelContract(), KernelContract(compute_dtype=torch.bfloat16)
 REAL_CASES = [
     {"causal": True, "window_size": (-1, -1), "softcap": 0.0},
     {"causal": True, "window_size": (63, 0), "softcap": 0.0},
-    {"causal": True, "window_size": (-1, -1), "softcap": 30.0},
+    {"causal": True, "window_size": (-1, -1), "softcap": 2.0},  # scores reach about 5: the cap bites
+    {"causal": True, "window_size": (-1, -1), "softcap": 0.0, "softmax_scale": 0.05},
 ]
 
 
-def _compare_real(real_call, reference_call, lengths, heads=(8, 2), head_dim=64):
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    total = sum(lengths)
+def _compare_real(call, real_kernel, reference_kernel, lengths=(1025, 97, 1, 300), heads=(8, 2), head_dim=64):
+    """`call(kernel, q, k, v, cu, longest)` with the real kernel and with the reference in float64 and in bf16."""
+    generator = torch.Generator(device=REAL_DEVICE).manual_seed(0)
     inputs = [
-        torch.randn(total, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=generator).requires_grad_()
+        torch.randn(sum(lengths), h, head_dim, device=REAL_DEVICE, dtype=torch.bfloat16, generator=generator)
         for h in (heads[0], heads[1], heads[1])
     ]
-    cu = _cu(lengths, "cuda")
-    out = real_call(*inputs, cu, max(lengths))
-    exact = reference_call(*inputs, cu, max(lengths), torch.float64)
-    rough = reference_call(*inputs, cu, max(lengths), torch.bfloat16)
-    grad = torch.randn_like(out)
-    pairs = [(out, exact, rough)]
-    pairs += zip(*(torch.autograd.grad(t, inputs, grad) for t in (out, exact, rough)), strict=True)
-    for got, want, low in pairs:
-        bound = 2 * (low.double() - want.double()).abs().max().item() + 1e-3
-        assert (got.double() - want.double()).abs().max().item() <= bound
+    inputs = [t.requires_grad_() for t in inputs]
+    cu = _cu(lengths, REAL_DEVICE)
+    outs = [
+        call(kernel, *inputs, cu, max(lengths))
+        for kernel in (real_kernel, reference_kernel(EXACT), reference_kernel(ROUGH))
+    ]
+    grad = torch.randn_like(outs[0])
+    triples = [outs, *zip(*(torch.autograd.grad(out, inputs, grad) for out in outs), strict=True)]
+    for name, (got, exact, rough) in zip(("out", "dq", "dk", "dv"), triples, strict=True):
+        error = (got.double() - exact.double()).abs().max().item()
+        bound = 2 * (rough.double() - exact.double()).abs().max().item() + 1e-3
+        assert error <= bound, f"{name}: the real kernel is off by {error:.3g}, more than {bound:.3g}"
 
 
 @needs_cuda
 @pytest.mark.skipif(not capabilities.HAS_FLASH_ATTN, reason="needs flash-attn")
 @pytest.mark.parametrize("options", REAL_CASES)
 def test_real_flash_attn_matches_the_reference(options):
-    left = options["window_size"][0]  # causal: the kernel keeps no key to the right
-
-    def real(q, k, v, cu, longest):
-        return capabilities.flash_attn_varlen_func(
+    def call(kernel, q, k, v, cu, longest):
+        return kernel(
             q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, **options
         )
 
-    def reference(q, k, v, cu, longest, dtype):
-        flash_attn_varlen_func()(
-            q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, **options
-        )  # checks every precondition
-        bounds = cu.tolist()
-        return varlen_attention(
-            q,
-            k,
-            v,
-            bounds,
-            bounds,
-            scale=q.shape[-1] ** -0.5,
-            left=left,
-            right=0,
-            softcap=options["softcap"],
-            compute_dtype=dtype,
-        )
-
-    _compare_real(real, reference, [1025, 97, 1, 300])
+    _compare_real(call, capabilities.flash_attn_varlen_func, flash_attn_varlen_func)
 
 
 @needs_cuda
 @pytest.mark.skipif(not capabilities.HAS_TORCH_VARLEN, reason="needs torch varlen_attn")
 @pytest.mark.parametrize("window_size", [(-1, 0), (63, 0)])
 def test_real_torch_varlen_matches_the_reference(window_size):
-    def real(q, k, v, cu, longest):
-        return capabilities.varlen_attn(q, k, v, cu, cu, longest, longest, window_size=window_size, enable_gqa=True)
+    def call(kernel, q, k, v, cu, longest):
+        return kernel(q, k, v, cu, cu, longest, longest, window_size=window_size, enable_gqa=True)
 
-    def reference(q, k, v, cu, longest, dtype):
-        varlen_attn()(q, k, v, cu, cu, longest, longest, window_size=window_size, enable_gqa=True)
-        bounds = cu.tolist()
-        return varlen_attention(
-            q,
-            k,
-            v,
-            bounds,
-            bounds,
-            scale=q.shape[-1] ** -0.5,
-            left=window_size[0],
-            right=0,
-            softcap=0.0,
-            compute_dtype=dtype,
-        )
-
-    _compare_real(real, reference, [1025, 97, 1, 300])
+    _compare_real(call, capabilities.varlen_attn, varlen_attn)
