@@ -140,3 +140,41 @@ def test_each_argument_of_the_flash_attn_call_is_checked_by_meaning(reference_cu
     monkeypatch.setattr(capabilities, "flash_attn_varlen_func", lambda **kw: kernel(**kw | CALL_MUTATIONS[mutation]))
     gaps = flat_vs_alone("gemma2_window_softcap")  # Gemma 2 scales by query_pre_attn_scalar, not the head dim
     assert gaps["logits"] > 1e-3, f"{mutation} went unnoticed: {gaps}"
+
+
+# On a CUDA machine: a bf16 model on the real kernels, each call also run through the reference under the CUDA
+# contract, so every precondition is checked on what the model really passes (devices of `cu_seqlens`, strides).
+REAL_DEVICE = "cuda"
+REAL_CONTRACT = KernelContract()
+REFERENCES = {"flash_attn": flash_attn_varlen_func, "torch_varlen": varlen_attn}
+ATTRIBUTES = {"flash_attn": "flash_attn_varlen_func", "torch_varlen": "varlen_attn"}
+
+
+@pytest.mark.skipif(not capabilities.HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["flash_attn", "torch_varlen"])
+def test_real_kernels_in_a_bf16_model_get_what_they_accept(monkeypatch, backend):
+    real = getattr(capabilities, ATTRIBUTES[backend])
+    if real is None:
+        pytest.skip(f"{backend} is not installed")
+    reference, gaps = REFERENCES[backend](REAL_CONTRACT), []
+
+    def checked(*args, **kwargs):
+        with torch.no_grad():
+            expected = reference(*(a.detach() if torch.is_tensor(a) else a for a in args), **kwargs)
+        out = real(*args, **kwargs)
+        gaps.append((out.double() - expected.double()).abs().max().item() / (1 + expected.abs().max().item()))
+        return out
+
+    monkeypatch.setattr(capabilities, ATTRIBUTES[backend], checked)
+    if backend == "torch_varlen":
+        monkeypatch.setattr(capabilities, "HAS_FLASH_ATTN", False)
+    generator = torch.Generator().manual_seed(1)
+    features = [{"input_ids": torch.randint(0, 256, (n,), generator=generator).tolist()} for n in LENGTHS]
+    batch = {
+        key: value.to(REAL_DEVICE) if torch.is_tensor(value) else value
+        for key, value in DataCollatorWithFlattening()(features).items()
+    }
+    model = tiny_causal_lm("mistral", sliding_window=4, dtype=torch.bfloat16).to(REAL_DEVICE)
+    prepare_model_for_flattening(model)(**batch).loss.backward()
+    assert len(gaps) == 2, f"the {backend} path was not taken"
+    assert max(gaps) <= 1e-2, gaps  # bf16 keeps about 3 significant digits
