@@ -22,8 +22,9 @@ _DRAW_BLOCK = 1024
 class InterleavedSource(RowSource):
     """Rows drawn from several sources with fixed probabilities; built by `interleave`.
 
-    The choice of source for draw `i` depends only on `(seed, i)`, so the state is the draw counter plus the state of
-    every child. The stream ends when the chosen source is exhausted (as `datasets.interleave_datasets` does with
+    The choice of source for draw `i` depends only on `(seed, i)` (and on `reader`, the `(index, count)` of the reader
+    whose shards a mix of shards reads), so the state is the draw counter plus the state of every child. The stream
+    ends when the chosen source is exhausted (as `datasets.interleave_datasets` does with
     `stopping_strategy="first_exhausted"`), which keeps the proportions honest to the end.
     """
 
@@ -33,7 +34,7 @@ class InterleavedSource(RowSource):
         self.sources = list(sources)
         self.probabilities = probabilities
         self.seed = seed
-        self.reader = tuple(reader)  # (index, count) for the mix of one reader's shards
+        self.reader = tuple(reader)
         self.position = 0
         self._cumulative = np.cumsum(probabilities)
         self._block_index = -1
