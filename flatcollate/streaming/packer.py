@@ -75,9 +75,9 @@ class StreamingPacker(IterableDataset):
             initialized, else a single process.
         sharding (`"auto"`, `"shards"` or `"rows"`, defaults to `"auto"`): split the readers' work by source shards
             when there is one per reader, always by shards (an error when there are too few), or always by row index.
-        return_example_ids (`bool`, defaults to `False`): also yield `example_ids`, the row index of each sequence in
-            the stream this reader reads (the whole stream, or its own shards read one after the other); a split
-            sequence repeats its row index.
+        return_example_ids (`bool`, defaults to `False`): also yield `example_ids`, one id per sequence, unique across
+            readers (a split sequence repeats its row's id): the stream row index by row index; by shards `i * R + r`
+            for the `i`-th row reader `r` read from its shards.
 
     >>> rows = [{"input_ids": list(range(n))} for n in (5, 4, 3, 4)]
     >>> [p["seq_lengths"] for p in StreamingPacker(rows, pack_len=8, buffer_size=4)]
@@ -175,7 +175,7 @@ class StreamingPacker(IterableDataset):
                 row, origin = stream.next_row(take=True)
             except StopIteration:
                 break
-            example_id = stream.position - 1
+            example_id = readers.example_id(stream.position - 1)
             encoded = encode_row(row, encode_fn=self.encode_fn, origin=origin)
             if isinstance(encoded, SkippedRow):
                 self._skips.add(encoded, origin=origin)

@@ -40,35 +40,34 @@ class Readers:
     >>> readers = Readers("rows", reader=1, num_readers=4)
     >>> readers.to_skip(2), readers.rows_owned(10)  # skip rows 2..4 to reach row 5; rows 1, 5, 9 are its own
     (3, 3)
-    >>> Readers("shards", reader=1, num_readers=4).rows_owned(10)  # every row of its own shards
-    10
+    >>> readers = Readers("shards", reader=1, num_readers=4)
+    >>> readers.rows_owned(10), readers.example_id(2)  # every row of its own shards; its third row
+    (10, 9)
     """
 
     mode: Literal["shards", "rows"]
     reader: int
     num_readers: int
 
-    @property
-    def owner(self) -> tuple[int, int]:
-        """`(reader, num_readers)` that row ownership is computed with inside this reader's stream.
-
-        By shards, the reader's stream holds only its own rows: `(0, 1)`.
-        """
-        return (0, 1) if self.mode == "shards" else (self.reader, self.num_readers)
-
     def stream(self, source: RowSource) -> RowSource:
         """The source this reader reads: its shards, or the whole stream."""
         return source.shard(self.reader, self.num_readers) if self.mode == "shards" else source
 
     def to_skip(self, position: int) -> int:
-        """Rows to skip from `position` to this reader's next row."""
-        reader, num_readers = self.owner
-        return (reader - position) % num_readers
+        """Rows to skip from `position` of this reader's stream to its next own row (none by shards)."""
+        return 0 if self.mode == "shards" else (self.reader - position) % self.num_readers
 
     def rows_owned(self, position: int) -> int:
-        """How many of the rows `0 .. position - 1` of this reader's stream are its own."""
-        reader, num_readers = self.owner
-        return max(0, -(-(position - reader) // num_readers))
+        """How many of the rows `0 .. position - 1` of this reader's stream are its own (all of them by shards)."""
+        if self.mode == "shards":
+            return position
+        return max(0, -(-(position - self.reader) // self.num_readers))
+
+    def example_id(self, position: int) -> int:
+        """An id for the row at `position` of this reader's stream, unique across readers and congruent to the reader
+        modulo `num_readers`: the row index by row index, `position * num_readers + reader` by shards.
+        """
+        return position * self.num_readers + self.reader if self.mode == "shards" else position
 
     @classmethod
     def from_config(cls, config: dict) -> "Readers":

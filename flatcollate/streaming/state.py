@@ -15,8 +15,8 @@ readers) and describes a point this stream can reach. What is checked::
     packs state   pack_sizes (P,)  example_ids (N,)  lengths (N,)  input_ids (T,)  labels (T,)   1-D int64 tensors
                   every pack non-empty, sum(pack_sizes) = N, 1 <= lengths <= pack_len, sum(lengths) = T,
                   every pack's tokens <= pack_len, ids >= 0,
-                  example ids read before the saved position, owned by this reader (by row index: congruent to it
-                  modulo the readers; by shards: every row of its stream), non-decreasing inside a pack
+                  example ids of rows read before the saved position and owned by this reader (congruent to it
+                  modulo the readers; see `Readers.example_id`), non-decreasing inside a pack
 
 Anything else raises `ValueError` that names what is wrong and says to start from scratch without loading it. A state
 of version 2 (saved before skipped rows were counted, when no row could be skipped) is read as one with no skips;
@@ -65,11 +65,8 @@ def check_state(state: Any, *, config: dict, source: RowSource) -> None:
         raise _corrupt(problem)
     position = 0 if state["source"] is None else int(state["source"]["position"])
     readers = Readers.from_config(config)
-    reader, num_readers = readers.owner
     for name in ("bins", "pending"):
-        problem = _packs_problem(
-            state[name], pack_len=config["pack_len"], position=position, reader=reader, num_readers=num_readers
-        )
+        problem = _packs_problem(state[name], pack_len=config["pack_len"], position=position, readers=readers)
         if problem is not None:
             raise _corrupt(f"`{name}`: {problem}")
     buffered = state["bins"]["lengths"].numel()
@@ -97,7 +94,7 @@ def upgrade_state(state: Any, *, version: int) -> Any:
     return {**state, "config": {**config, "version": version, "sharding": "rows"}}
 
 
-def _packs_problem(packs: Any, *, pack_len: int, position: int, reader: int, num_readers: int) -> str | None:
+def _packs_problem(packs: Any, *, pack_len: int, position: int, readers: Readers) -> str | None:
     """What is wrong with a packs state (see the module docstring), or `None`."""
     if not isinstance(packs, dict):
         return f"expected a dict of tensors, got {type(packs).__name__}"
@@ -136,10 +133,12 @@ def _packs_problem(packs: Any, *, pack_len: int, position: int, reader: int, num
     if fills.max() > pack_len:
         index = int(np.argmax(fills > pack_len))
         return f"pack {index} holds {int(fills[index])} tokens, more than pack_len={pack_len}"
-    unread = (example_ids < 0) | (example_ids >= position)
+    # Ids of the reader's rows `0 .. position - 1`: below the id of its row `position`, congruent to it (sharding.py).
+    unread = (example_ids < 0) | (example_ids >= readers.example_id(position))
     if unread.any():
         bad = int(example_ids[unread][0])
         return f"example id {bad} is not a row read before the saved source position {position}"
+    reader, num_readers = readers.reader, readers.num_readers
     foreign = example_ids % num_readers != reader
     if foreign.any():
         bad = int(example_ids[foreign][0])

@@ -126,6 +126,20 @@ def test_interleave_of_sharded_sources_reads_each_row_at_most_once(world_size, n
     assert log.reads() == sorted(rows)
 
 
+@pytest.mark.parametrize("sharding", ["auto", "rows"])
+def test_example_ids_are_unique_across_readers(sharding):
+    ids = []
+    for rank in range(3):
+        source = datasets.Dataset.from_list(make_rows(NUM_ROWS)).to_iterable_dataset(num_shards=6)
+        packer = StreamingPacker(
+            source, pack_len=16, rank=rank, world_size=3, sharding=sharding, return_example_ids=True
+        )
+        mine = [i for pack in packer for i in pack["example_ids"]]
+        assert {i % 3 for i in mine} == {rank}
+        ids += mine
+    assert len(ids) == len(set(ids)) == NUM_ROWS
+
+
 def test_stats_count_rows_of_the_reader_in_shard_mode(tmp_path):
     log = ReadLog(tmp_path / "reads")
     counted = 0
@@ -246,7 +260,8 @@ def test_state_from_before_shard_mode_resumes_by_row_index_only():
 
 def test_shard_mode_state_with_unread_example_id_is_refused():
     state = shard_state("shards")
-    state["bins"]["example_ids"][-1] = state["source"]["position"]
+    assert state["bins"]["example_ids"].numel() > 0
+    state["bins"]["example_ids"][-1] = state["source"]["position"] * 2  # reader 0 of 2: its row `position`
     with pytest.raises(ValueError, match=r"example id \d+ is not a row read before the saved source position"):
         shard_packer().load_state_dict(state)
 
