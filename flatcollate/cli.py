@@ -9,7 +9,7 @@ import importlib
 import sys
 
 # Each module here exposes `register_cli(subparsers)`, which adds its sub-parser and sets `func=` on it.
-_COMMANDS: tuple[str, ...] = ("flatcollate.check", "flatcollate.bench.cli")
+_COMMANDS: tuple[str, ...] = ("flatcollate.check_cli", "flatcollate.bench.cli")
 
 
 class UsageError(ValueError):

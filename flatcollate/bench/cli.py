@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from ..check import validate_model_argument
+from ..check_cli import validate_model_argument
 from ..cli import HelpFormatter, UsageError
 from ..models import tiny_config
 from .batches import MODES
