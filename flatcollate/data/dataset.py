@@ -27,6 +27,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import torch
+from datasets.fingerprint import Hasher
 
 from ..boundaries import cu_seqlens_to_position_ids
 from .columns import (
@@ -274,7 +275,9 @@ def pack_dataset(
             f"{type(dataset).__name__}; wrap lists with datasets.Dataset.from_dict."
         )
     packed, stats = pack_table(dataset.with_format("arrow")[:], pack_len, **options)
-    out = _formatted_like(datasets.Dataset(packed), dataset, stats.folded_masks)
+    # Derived from the source's fingerprint: by default `datasets` hashes the new table, pickling every token.
+    fingerprint = Hasher.hash(["flatcollate.pack_dataset", dataset._fingerprint, pack_len, options])
+    out = _formatted_like(datasets.Dataset(packed, fingerprint=fingerprint), dataset, stats.folded_masks)
     return (out, stats) if return_stats else out
 
 

@@ -363,3 +363,14 @@ def test_options_are_checked_before_any_row_is_read(options, match, iterable):
         ds = ds.to_iterable_dataset()
     with pytest.raises(ValueError, match=match):
         pack_dataset(ds, 8, **options)
+
+
+def test_packed_fingerprint_comes_from_the_source_and_options_not_the_tokens(monkeypatch):
+    # Hashing the packed table pickles every token (about 2 s for 36M tokens); the fingerprint is derived instead.
+    ds, other = make_rows([5, 3, 8, 2]), make_rows([5, 3, 8, 3])
+    first = pack_dataset(ds, 8)
+    monkeypatch.setattr(datasets.arrow_dataset, "generate_fingerprint", lambda *_: pytest.fail("hashed the table"))
+    assert pack_dataset(ds, 8)._fingerprint == first._fingerprint
+    assert pack_dataset(ds, 9)._fingerprint != first._fingerprint
+    assert pack_dataset(ds, 8, shuffle_seed=0)._fingerprint != first._fingerprint
+    assert pack_dataset(other, 8)._fingerprint != first._fingerprint
