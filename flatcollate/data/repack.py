@@ -19,8 +19,11 @@ bounded three ways:
 - one subset sum handles at most `SUBSET_SUM_BITS` bits: above that, sizes are rounded up and the capacity down to a
   coarser unit `q` (`ceil(l / q)`, `capacity // q`). Every subset found still fits, since
   `sum(l) <= q * sum(ceil(l / q)) <= q * (capacity // q) <= capacity`; only some near-perfect fills may be missed;
-- the whole repack stops before a subset sum would take it past `REPACK_BITS` bits (1-2 s on one CPU core),
-  keeping the packs saved so far.
+- the whole repack stops before a subset sum would take it past its budget, keeping the packs saved so far. The
+  budget grows with the tokens packed (`repack_budget`: `REPACK_BITS_PER_TOKEN` bits a token, at least
+  `REPACK_MIN_BITS`, at most `REPACK_BITS`, 1-2 s on one CPU core), so the repack stays a small share of packing the
+  token columns: 200k GSM8K-like sequences spent 2.1 Gbit (0.85 s) to save 6 of 8,903 packs, more than the rest of
+  `pack_dataset`.
 """
 
 import numpy as np
@@ -30,6 +33,22 @@ SUBSET_SUM_BITS = 1 << 26
 
 REPACK_BITS = 1 << 31
 """Most subset-sum bits of one whole repack; a subset sum that would exceed it is not started and the repack ends."""
+
+REPACK_BITS_PER_TOKEN = 8
+"""Default repack budget per token packed: about 4 ns a token, against tens of ns to gather it into a packed row."""
+
+REPACK_MIN_BITS = 1 << 24
+"""Smallest default repack budget (about 10 ms), so that small datasets still get every round they need."""
+
+
+def repack_budget(num_tokens: int) -> int:
+    """Default subset-sum bits of a repack of `num_tokens` tokens: `REPACK_BITS_PER_TOKEN` each, clipped to
+    `[REPACK_MIN_BITS, REPACK_BITS]`.
+
+    >>> repack_budget(1_000), repack_budget(36_000_000), repack_budget(10**10) == REPACK_BITS
+    (16777216, 288000000, True)
+    """
+    return int(min(REPACK_BITS, max(REPACK_MIN_BITS, REPACK_BITS_PER_TOKEN * num_tokens)))
 
 
 def largest_subset_sum(sizes: list[int], capacity: int) -> list[int]:
@@ -129,7 +148,7 @@ def _refill(sizes: list[int], num_packs: int, pack_len: int, budget: int) -> tup
 
 
 def repack_least_full(
-    lengths: np.ndarray, pack_of: np.ndarray, pack_len: int, *, max_pool: int = 4096, max_bits: int = REPACK_BITS
+    lengths: np.ndarray, pack_of: np.ndarray, pack_len: int, *, max_pool: int = 4096, max_bits: int | None = None
 ) -> np.ndarray:
     """Save packs above the lower bound `ceil(total / pack_len)` by repacking the least-full packs into one fewer.
 
@@ -143,14 +162,14 @@ def repack_least_full(
         pack_of (`np.ndarray` of shape `(N,)`, int64): pack id of every sequence, `0 .. num_packs - 1`, every id used.
         pack_len (`int`).
         max_pool (`int`, *optional*, defaults to 4096): most sequences pooled in one round.
-        max_bits (`int`, *optional*, defaults to `REPACK_BITS`): work budget of the whole repack.
+        max_bits (`int`, *optional*, defaults to `repack_budget(lengths.sum())`): work budget of the whole repack.
 
     Returns:
         `np.ndarray` of shape `(N,)`, int64: pack ids, still `0 .. num_packs - 1` with every id used.
     """
     lower_bound = -(-int(lengths.sum()) // pack_len)
     num_packs = int(pack_of.max()) + 1
-    budget = max_bits
+    budget = repack_budget(int(lengths.sum())) if max_bits is None else max_bits
     while num_packs > lower_bound and budget > 0:
         load = np.bincount(pack_of, weights=lengths, minlength=num_packs).astype(np.int64)
         least_full = np.argsort(load, kind="stable")

@@ -260,3 +260,27 @@ def test_repack_reaches_the_lower_bound_at_large_pack_len(shared_data, scale):
     assert_valid(packs, lengths, pack_len)
     assert len(packs) == -(-lengths.sum() // pack_len) == _best_fit_decreasing(lengths, pack_len).max()
     assert elapsed < 10, f"pack_lengths took {elapsed:.1f} s"
+
+
+def test_repack_budget_grows_with_the_tokens_packed(monkeypatch):
+    # The repack's default work is a few bits per token, so it stays a small share of packing the token columns.
+    import flatcollate.data.repack as repack
+
+    assert repack.repack_budget(0) == repack.REPACK_MIN_BITS
+    assert repack.repack_budget(10**6) == max(repack.REPACK_MIN_BITS, repack.REPACK_BITS_PER_TOKEN * 10**6)
+    assert repack.repack_budget(10**12) == repack.REPACK_BITS
+    spent = []
+    exact = repack._subset_sum
+
+    def counted(sizes, capacity):
+        chosen, scanned = exact(sizes, capacity)
+        spent.append(scanned * (capacity + 1))
+        return chosen, scanned
+
+    monkeypatch.setattr(repack, "_subset_sum", counted)
+    monkeypatch.setattr(repack, "REPACK_BITS_PER_TOKEN", 1)
+    monkeypatch.setattr(repack, "REPACK_MIN_BITS", 0)
+    lengths = np.random.default_rng(0).integers(40, 600, 50_000)  # unbounded: 48M bits for 16M tokens
+    repacked = repack_least_full(lengths, _best_fit_decreasing(lengths, 4096), 4096)
+    assert 0 < sum(spent) <= lengths.sum()
+    assert np.bincount(repacked, weights=lengths).max() <= 4096
