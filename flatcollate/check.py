@@ -45,6 +45,9 @@ class CheckReport:
     results: list[BackendResult] = field(default_factory=list)
     exercised: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
+    tolerances: dict = field(default_factory=dict)
+    device: str = "cpu"
+    dtype: str = "float32"
 
     @property
     def passed(self) -> bool:
@@ -55,7 +58,13 @@ class CheckReport:
 
     def to_markdown(self) -> str:
         """A table, one row per backend."""
-        rows = [f"{self.model_type} (lengths {list(self.lengths)}, tolerance {self.tolerance:g})", ""]
+        if len(set(self.tolerances.values())) > 1:
+            tolerance = ", ".join(f"{k.removesuffix('_diff')} {v:.1e}" for k, v in self.tolerances.items())
+            tolerance += f" (from the {self.dtype} per-sequence run's own error)"
+        else:
+            tolerance = f"{self.tolerance:g}"
+        where = f"{self.dtype} on {self.device}"
+        rows = [f"{self.model_type} (lengths {list(self.lengths)}, {where}, tolerance {tolerance})", ""]
         rows += [
             "| backend | status | max logit diff | loss diff | max grad diff | reason |",
             "|---|---|---|---|---|---|",
@@ -105,13 +114,17 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def _run_flat(model, batch):
     model.zero_grad(set_to_none=True)
     out = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False)
     count = (batch["labels"][0, 1:] != IGNORE_INDEX).sum()
     loss = _token_losses(out.logits, batch["labels"]) / count
     loss.backward()
-    return out.logits.detach(), loss.detach(), _grads(model)
+    return out.logits.detach().float(), loss.detach().float(), _grads(model)
 
 
 def _run_alone(model, batch):
@@ -122,16 +135,17 @@ def _run_alone(model, batch):
     logits, total = [], 0.0
     for start, end in itertools.pairwise(bounds):
         ids, labels = batch["input_ids"][:, start:end], batch["labels"][:, start:end]
-        out = model(input_ids=ids, position_ids=torch.arange(end - start)[None], use_cache=False)
+        out = model(input_ids=ids, position_ids=torch.arange(end - start, device=ids.device)[None], use_cache=False)
         total = total + _token_losses(out.logits, labels)
         logits.append(out.logits.detach())
     loss = total / count
     loss.backward()
-    return torch.cat(logits, dim=1), loss.detach(), _grads(model)
+    return torch.cat(logits, dim=1).float(), loss.detach().float(), _grads(model)
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    """Gradients as fp32 on the CPU, whatever the model's dtype and device."""
+    return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _max_grad_diff(a: dict, b: dict) -> float:
@@ -146,8 +160,10 @@ def check_model(
     backends: tuple[str, ...] = DEFAULT_BACKENDS,
     lengths: tuple[int, ...] | None = None,
     seed: int = 0,
-    tolerance: float = 1e-5,
+    tolerance: float | None = None,
     overrides: dict | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> CheckReport:
     """Compare a flattened batch with the same sequences run one at a time, per attention backend.
 
@@ -161,7 +177,13 @@ def check_model(
             longer than every sliding window or attention chunk it declares (a window too long for a CPU check is
             shrunk in the tiny copy, and the report says so), a length-1 sequence and an odd length.
         seed (`int`): seed of the weights and tokens.
-        tolerance (`float`): largest absolute difference of logits, loss and gradients that counts as exact.
+        tolerance (`float`, *optional*): largest absolute difference of logits, loss and gradients that counts as
+            exact. Defaults to 1e-5 in fp32 on the CPU; otherwise, per quantity, to twice the error of the per-sequence
+            run in the same dtype and device against the fp32 CPU reference (the rule of flash-attn's own tests), and
+            at least the dtype's resolution at the quantity's size: as inexact as the precision, never more.
+        device (`str` or `torch.device`): where the candidate runs (`"cuda"` reaches the flash-attn / varlen
+            kernels); the fp32 reference always runs on the CPU.
+        dtype (`torch.dtype`): dtype of the candidate (`torch.bfloat16`, `torch.float16`, `torch.float32`).
         overrides (`dict`, *optional*): config attributes for the tiny model, e.g. `{"sliding_window": 4}`.
 
     Returns:
@@ -185,9 +207,12 @@ def check_model(
     base = _tiny_model(model, seed, {**(overrides or {}), **plan.overrides})
     batch = _flattened_inputs(tuple(lengths), base.config.vocab_size, seed)
     ref_logits, ref_loss, ref_grads = _run_alone(base, batch)
+    device = torch.device(device)
+    tolerances = _tolerances(base, batch, tolerance, device, dtype, (ref_logits, ref_loss, ref_grads))
+    batch = _to(batch, device)
     results = []
     for backend in backends:
-        candidate = copy.deepcopy(base)
+        candidate = copy.deepcopy(base).to(device=device, dtype=dtype)
         if backend == ATTN_IMPLEMENTATION:
             reason = unsupported_reason(candidate)
             if reason is None:
@@ -207,16 +232,38 @@ def check_model(
             "loss_diff": (loss - ref_loss).abs().item(),
             "grad_diff": _max_grad_diff(grads, ref_grads),
         }
-        exact = all(value <= tolerance for value in diffs.values())
+        exact = all(value <= tolerances[name] for name, value in diffs.items())
         results.append(BackendResult(backend=backend, status="exact" if exact else "contaminated", **diffs))
     return CheckReport(
         model_type=base.config.model_type,
         lengths=tuple(lengths),
-        tolerance=tolerance,
+        tolerance=max(tolerances.values()),
         results=results,
         exercised=plan.exercised,
         overrides=plan.overrides,
+        tolerances=tolerances,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
     )
+
+
+def _tolerances(base, batch, tolerance, device, dtype, reference) -> dict[str, float]:
+    """Per-quantity tolerance: the given one, 1e-5 in fp32 on the CPU, else twice the per-sequence run's own error."""
+    if tolerance is not None or (dtype == torch.float32 and device.type == "cpu"):
+        value = 1e-5 if tolerance is None else tolerance
+        return {"logits_diff": value, "loss_diff": value, "grad_diff": value}
+    low = copy.deepcopy(base).to(device=device, dtype=dtype)
+    logits, loss, grads = _run_alone(low, _to(batch, device))
+    ref_logits, ref_loss, ref_grads = reference
+    # A quantity cannot be trusted below the dtype's resolution at its own size (a scalar loss can land near the
+    # reference by chance, so its measured error alone would be too tight).
+    eps = torch.finfo(dtype).eps
+    largest_grad = max((g.abs().max().item() for g in ref_grads.values()), default=0.0)
+    return {
+        "logits_diff": max(2 * (logits.cpu() - ref_logits).abs().max().item(), eps * ref_logits.abs().max().item()),
+        "loss_diff": max(2 * (loss.cpu() - ref_loss).abs().item(), eps * ref_loss.abs().item()),
+        "grad_diff": max(2 * _max_grad_diff(grads, ref_grads), eps * largest_grad),
+    }
 
 
 def _set_vanilla(model: PreTrainedModel, backend: str) -> str | None:

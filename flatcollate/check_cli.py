@@ -7,6 +7,7 @@ import math
 import re
 from pathlib import Path
 
+import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
@@ -16,6 +17,8 @@ from .check import DEFAULT_BACKENDS, CheckReport, check_model
 from .cli import HelpFormatter, UsageError
 from .modeling.families import UNSUPPORTED_FAMILIES
 from .models import tiny_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 MAX_CHECK_TOKENS = 4096
 """Largest total of `--lengths`: the eager runs build a `(T, T)` fp32 mask per layer call (64 MiB at 4096)."""
@@ -56,7 +59,20 @@ def register_cli(subparsers) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument(
-        "--tolerance", type=float, default=1e-5, help="largest absolute difference that counts as exact (> 0)"
+        "--tolerance",
+        type=float,
+        default=None,
+        help="largest absolute difference that counts as exact (> 0); default 1e-5 in float32 on the CPU, else twice "
+        "the error of the per-sequence run in the same dtype and device",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="where the flattened run goes: cpu, or cuda to reach the flash-attn kernels"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(DTYPES),
+        help="dtype of the flattened run; the reference runs in float32 on the CPU",
     )
     parser.add_argument(
         "--require-all-backends",
@@ -74,7 +90,13 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     lengths = None if args.lengths is None else tuple(args.lengths)
     report = check_model(
-        args.model, backends=tuple(args.backends), lengths=lengths, seed=args.seed, tolerance=args.tolerance
+        args.model,
+        backends=tuple(args.backends),
+        lengths=lengths,
+        seed=args.seed,
+        tolerance=args.tolerance,
+        device=args.device,
+        dtype=DTYPES[args.dtype],
     )
     print(report.to_markdown())
     safe, line = _verdict(report, require_all=args.require_all_backends)
@@ -98,8 +120,15 @@ def _validate(args: argparse.Namespace) -> None:
             f"({gib:,.1f} GiB) and a check needs only a few boundaries: keep the total at most {MAX_CHECK_TOKENS} "
             "(e.g. --lengths 7 1 12 4)."
         )
-    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance > 0):
         raise UsageError(f"--tolerance {args.tolerance}: pass a positive, finite number (default 1e-5).")
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device {args.device}: pass cpu or cuda (cuda:N for one GPU).")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device; install a CUDA build of "
+            "torch on a GPU machine, or check on the CPU."
+        )
     known = _known_backends()
     for backend in args.backends:
         if backend not in known:
@@ -178,7 +207,8 @@ def _verdict(report: CheckReport, *, require_all: bool) -> tuple[bool, str]:
     if failed:
         why = "; ".join(f"{r.backend} {r.status}" + (f" ({r.reason})" if r.reason else "") for r in failed)
         return False, f"verdict: {report.model_type} is NOT safe {subject}: {why}."
-    line = f"verdict: {report.model_type} is safe {subject} (logits, loss and gradients within {report.tolerance:g})."
+    within = _tolerance_words(report)
+    line = f"verdict: {report.model_type} is safe {subject} (logits, loss and gradients within {within})."
     others = [f"{r.backend} {r.status}" for r in report.results if r not in counted and r.status != "exact"]
     if others:
         line += (
@@ -186,3 +216,9 @@ def _verdict(report: CheckReport, *, require_all: bool) -> tuple[bool, str]:
             "(--require-all-backends makes them count)."
         )
     return True, line
+
+
+def _tolerance_words(report: CheckReport) -> str:
+    if len(set(report.tolerances.values())) > 1:
+        return f"the {report.dtype} tolerances above"
+    return f"{report.tolerance:g}"

@@ -8,7 +8,8 @@
 #   1. environment: GPU, torch and CUDA versions, flash-attn, and the capabilities flatcollate detected;
 #   2. tests/attention: the real flash_attn_varlen_func and varlen_attn against the slow references (outputs and
 #      gradients, bf16) -- these skip without CUDA or without the kernel -- plus the reference-kernel model proofs;
-#   3. `flatcollate check` per family (it runs a tiny model in fp32 on the CPU: it has no --device/--dtype);
+#   3. `flatcollate check` per family: in fp32 on the CPU, and on CUDA in bf16 (through the real kernels, with the
+#      tolerance from the bf16 per-sequence run's own error);
 #   4. `flatcollate bench --device cuda --dtype bfloat16`.
 # Exit status: 0 when every step passed, 1 when one failed, 2 without a CUDA device (steps 1-3 still run).
 set -u -o pipefail
@@ -68,11 +69,17 @@ if torch.cuda.is_available():
 # -rs lists every skipped test with its reason: a real-kernel test skipped on a GPU machine is worth reading.
 step "Attention tests (real kernels vs references)" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/attention \
     tests/bench/test_throughput.py::test_cuda_memory_is_measured_when_available
+HAS_CUDA=0
+"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' && HAS_CUDA=1
 for family in $FAMILIES; do
     step "flatcollate check $family" "$PYTHON" -m flatcollate check "$family"
+    if [ "$HAS_CUDA" -eq 1 ]; then
+        step "flatcollate check $family (CUDA, bf16)" "$PYTHON" -m flatcollate check "$family" --device cuda \
+            --dtype bfloat16
+    fi
 done
 
-if "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+if [ "$HAS_CUDA" -eq 1 ]; then
     step "flatcollate bench (CUDA, bf16)" "$PYTHON" -m flatcollate bench --device cuda --dtype bfloat16 \
         --out-dir "$BENCH_OUT" --no-progress
     echo "Bench tables and plots: \`$BENCH_OUT/\`." >>"$REPORT"
