@@ -34,9 +34,14 @@ def row_lengths(column: pa.ChunkedArray) -> np.ndarray:
     return pc.fill_null(pc.list_value_length(column), -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is (`combine_chunks` copies even a single chunk)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def flat_values(column: pa.ChunkedArray) -> pa.Array:
     """The values of every row of a list column back to back (slices and chunks taken into account)."""
-    return column.combine_chunks().flatten()
+    return one_array(column).flatten()
 
 
 def list_array(offsets: np.ndarray, values: pa.Array | np.ndarray) -> pa.Array:

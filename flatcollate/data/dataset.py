@@ -29,7 +29,6 @@ import pyarrow as pa
 import torch
 from datasets.fingerprint import Hasher
 
-from ..boundaries import cu_seqlens_to_position_ids
 from .columns import (
     EMPTY,
     describe_left_out,
@@ -37,10 +36,11 @@ from .columns import (
     flat_values,
     fold_masks,
     list_array,
+    one_array,
     row_lengths,
     split_columns,
 )
-from .packing import OVERLONG, STRATEGIES, PackingStats, check_lengths, group_by_pack, pack_ids, split_lengths
+from .packing import OVERLONG, STRATEGIES, PackingStats, check_lengths, pack_ids, split_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,32 @@ logger = logging.getLogger(__name__)
 def _gather(column: pa.ChunkedArray, token_index: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """Rows of `offsets` over the tokens of `column` taken in `token_index` order."""
     return list_array(offsets, flat_values(column).take(pa.array(token_index)))
+
+
+def _gather_rows(column: pa.ChunkedArray, order: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """Rows of `offsets` over the whole rows of `column` taken in `order`.
+
+    Arrow's list `take` copies the tokens without an index per token (1.9 GB of int64 for 243M tokens otherwise).
+    """
+    return list_array(offsets, one_array(column).take(pa.array(order)).flatten())
+
+
+def _restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
+    """Positions that restart at 0 at every boundary, `(T,)` int64, as `cu_seqlens_to_position_ids(cu_seqlens)`.
+
+    One array and two passes: ones with a drop back to 0 at every sequence start, then an in-place cumsum (the
+    reference builds four arrays of `T`).
+
+    >>> _restarting_positions(np.array([0, 3, 4, 8])).tolist()
+    [0, 1, 2, 0, 0, 1, 2, 3]
+    """
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    positions = np.ones(int(cu[-1]), dtype=np.int64)
+    if positions.size:
+        positions[0] = 0
+        positions[cu[1:-1]] = 1 - np.diff(cu)[:-1]  # back to 0 after each sequence (lengths >= 1: no index twice)
+        np.cumsum(positions, out=positions)
+    return positions
 
 
 def pack_table(
@@ -87,24 +113,29 @@ def pack_table(
         source, start, piece = split_lengths(lengths, pack_len)
     else:
         source, start, piece = np.arange(len(lengths)), np.zeros(len(lengths), np.int64), np.minimum(lengths, pack_len)
-    packs = group_by_pack(pack_ids(piece, pack_len, strategy=strategy))
-    if shuffle_seed is not None:
-        packs = [packs[i] for i in np.random.default_rng(shuffle_seed).permutation(len(packs))]
-    order = np.concatenate(packs) if packs else np.zeros(0, np.int64)
-    pieces_per_pack = np.array([len(p) for p in packs], dtype=np.int64)
+    pack_of = pack_ids(piece, pack_len, strategy=strategy)
+    num_packs = int(pack_of.max()) + 1 if len(pack_of) else 0
+    if shuffle_seed is not None:  # packed row j is pack permutation[j]
+        rank = np.empty(num_packs, dtype=np.int64)
+        rank[np.random.default_rng(shuffle_seed).permutation(num_packs)] = np.arange(num_packs)
+        pack_of = rank[pack_of]
+    order = np.argsort(pack_of, kind="stable")  # pieces pack by pack, ascending inside a pack
+    pieces_per_pack = np.bincount(pack_of, minlength=num_packs)
 
-    # Flat index of every packed token: each piece's first token, repeated over the piece, plus a running offset.
-    row_start = np.concatenate([[0], np.cumsum(lengths)])
     piece_len = piece[order]
     piece_out_start = np.concatenate([[0], np.cumsum(piece_len)])
-    first = row_start[source[order]] + start[order]
-    token_index = np.repeat(first - piece_out_start[:-1], piece_len) + np.arange(piece_out_start[-1])
-
     piece_offsets = np.concatenate([[0], np.cumsum(pieces_per_pack)])
     pack_offsets = piece_out_start[piece_offsets]
-    arrays = {name: _gather(table[name], token_index, pack_offsets) for name in names}
+    if np.array_equal(piece, lengths):  # every piece is a whole row (nothing split or truncated)
+        arrays = {name: _gather_rows(table[name], source[order], pack_offsets) for name in names}
+    else:
+        # Flat index of every packed token: each piece's first token, repeated over the piece, plus a running offset.
+        row_start = np.concatenate([[0], np.cumsum(lengths)])
+        first = row_start[source[order]] + start[order]
+        token_index = np.repeat(first - piece_out_start[:-1], piece_len) + np.arange(piece_out_start[-1])
+        arrays = {name: _gather(table[name], token_index, pack_offsets) for name in names}
     # Positions restart at every piece: piece_out_start are the pieces' boundaries in the packed token order.
-    arrays["position_ids"] = list_array(pack_offsets, cu_seqlens_to_position_ids(piece_out_start))
+    arrays["position_ids"] = list_array(pack_offsets, _restarting_positions(piece_out_start))
     arrays["seq_lengths"] = pa.ListArray.from_arrays(pa.array(piece_offsets, pa.int32()), pa.array(piece_len))
     packed = pa.table(arrays)
 
@@ -112,18 +143,18 @@ def pack_table(
     num_tokens = int(piece_len.sum())
     n = len(lengths)
     unpacked_padding = int(n * pack_len - num_tokens)
-    packed_padding = int(len(packs) * pack_len - num_tokens)
+    packed_padding = int(num_packs * pack_len - num_tokens)
     stats = PackingStats(
         num_sequences=n,
-        num_packs=len(packs),
+        num_packs=num_packs,
         pack_len=pack_len,
         strategy=strategy,
         num_tokens=num_tokens,
-        fill=num_tokens / (len(packs) * pack_len) if packs else 0.0,
-        mean_pack_tokens=float(pack_tokens.mean()) if packs else 0.0,
+        fill=num_tokens / (num_packs * pack_len) if num_packs else 0.0,
+        mean_pack_tokens=float(pack_tokens.mean()) if num_packs else 0.0,
         max_pack_tokens=int(pack_tokens.max(initial=0)),
-        min_pack_tokens=int(pack_tokens.min()) if packs else 0,
-        mean_sequences_per_pack=len(piece) / len(packs) if packs else 0.0,
+        min_pack_tokens=int(pack_tokens.min()) if num_packs else 0,
+        mean_sequences_per_pack=len(piece) / num_packs if num_packs else 0.0,
         padding_tokens_unpacked=unpacked_padding,
         padding_tokens_packed=packed_padding,
         padding_saved=unpacked_padding - packed_padding,

@@ -374,3 +374,38 @@ def test_packed_fingerprint_comes_from_the_source_and_options_not_the_tokens(mon
     assert pack_dataset(ds, 9)._fingerprint != first._fingerprint
     assert pack_dataset(ds, 8, shuffle_seed=0)._fingerprint != first._fingerprint
     assert pack_dataset(other, 8)._fingerprint != first._fingerprint
+
+
+@pytest.mark.parametrize("lengths", [[1], [4096], [1, 1, 1], [3, 1, 7, 2, 2, 9], list(range(1, 40))])
+def test_restarting_positions_match_the_reference(lengths):
+    from flatcollate.boundaries import cu_seqlens_to_position_ids
+    from flatcollate.data.dataset import _restarting_positions
+
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    expected = cu_seqlens_to_position_ids(cu)
+    actual = _restarting_positions(cu)
+    assert actual.dtype == np.int64
+    np.testing.assert_array_equal(actual, expected)
+    assert _restarting_positions(np.zeros(1, np.int64)).shape == (0,)
+
+
+@pytest.mark.parametrize("shuffle_seed", [None, 5])
+@pytest.mark.parametrize("overlong", ["error", "truncate", "split"])
+def test_packed_rows_are_the_packs_in_order_over_chunked_tables(shuffle_seed, overlong):
+    # Slow reference: each packed row is its pack's pieces in ascending order, packs in id order (or permuted).
+    from flatcollate.data.packing import pack_lengths, split_lengths
+
+    lengths = np.random.default_rng(1).integers(1, 20 if overlong == "error" else 45, 57)
+    parts = [make_rows(lengths[:20], 0), make_rows(lengths[20:], 1)]
+    ds = datasets.concatenate_datasets(parts).select(range(2, 57))  # two chunks, sliced
+    rows = ds["input_ids"]
+    if overlong == "split":
+        pieces = [rows[i][a : a + n] for i, a, n in zip(*split_lengths(lengths[2:], 20), strict=True)]
+    else:
+        pieces = [row[:20] for row in rows]
+    packs = pack_lengths(lengths[2:], 20, overlong=overlong)
+    if shuffle_seed is not None:
+        packs = [packs[i] for i in np.random.default_rng(shuffle_seed).permutation(len(packs))]
+    packed = pack_dataset(ds, 20, overlong=overlong, shuffle_seed=shuffle_seed)
+    assert packed["input_ids"] == [[t for i in pack for t in pieces[i]] for pack in packs]
+    assert packed["seq_lengths"] == [[len(pieces[i]) for i in pack] for pack in packs]
