@@ -22,6 +22,8 @@ def docstring_commands(path: Path) -> list[list[str]]:
     module_doc = path.read_text().split('"""')[1]
     commands = []
     for line in module_doc.splitlines():
+        if not line.strip().startswith("python "):
+            continue
         words = shlex.split(line, comments=True)
         if words[:1] == ["python"]:
             assert (ROOT / words[1]).is_file(), f"{path.name} names {words[1]}, which does not exist"
@@ -58,20 +60,8 @@ def _runnable(path: Path) -> list[tuple[Path, list[str]]]:
     return [(path, argv[1:]) for argv in docstring_commands(path) if not any("path/to" in a for a in argv)]
 
 
-KNOWN_FAILURES = {
-    "sft_trainer_padding_free": pytest.mark.xfail(
-        strict=True,
-        raises=AttributeError,
-        reason="FlatSFTTrainer prepares the model after TRL 1.16 patched its forward with a fused LM head; "
-        "SFTTrainer.compute_loss then finds no `log_probs` in the outputs",
-    )
-}
-"""Examples that fail today for a reason outside the example; strict, so a fix turns this list red."""
-
-
 def _cases() -> list:
-    cases = [case for path in EXAMPLES if path.parent.name == "examples" for case in _runnable(path)]
-    return [pytest.param(*case, marks=KNOWN_FAILURES.get(case[0].stem, ())) for case in cases]
+    return [case for path in EXAMPLES if path.parent.name == "examples" for case in _runnable(path)]
 
 
 @pytest.mark.parametrize(
