@@ -59,3 +59,16 @@ def test_a_window_off_by_one_in_the_packed_kernel_fails_the_check(monkeypatch, s
     assert result.status == "contaminated"
     # The lengths a check used before (no sequence reaches the window) cannot see the mutation.
     assert check_model(config, backends=("flatcollate",), lengths=(7, 1, 12, 4)).passed
+
+
+def test_chunked_attention_is_exact_once_a_sequence_passes_the_chunk():
+    # Llama 4's chunked layers are expressed only through transformers' masks; the packed backend cuts sequences
+    # into chunks itself. Lengths below the chunk (as checks used before) could not tell.
+    report = check_model("llama4_text", backends=("flatcollate",))
+    assert max(report.lengths) > report.overrides["attention_chunk_size"]
+    assert report.passed, report.to_markdown()
+
+
+def test_deepseek_v4_compressed_attention_is_refused_with_its_reason():
+    (result,) = check_model("deepseek_v4", backends=("flatcollate",)).results
+    assert result.status == "unsupported" and "compress" in result.reason

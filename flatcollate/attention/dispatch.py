@@ -23,7 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import capabilities
 from .kernels import KERNELS
-from .packed_segments import segments_from_kwargs
+from .packed_segments import segments_from_kwargs, split_into_chunks
 
 ATTN_IMPLEMENTATION = "flatcollate"
 """Name to pass as `attn_implementation=` (or to `model.set_attn_implementation`)."""
@@ -90,6 +90,9 @@ def packed_attention_forward(
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
     segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
+    chunk = attention_chunk(module)
+    if chunk is not None:
+        segments = split_into_chunks(segments, chunk)
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     window = kwargs.get("sliding_window")
     scale = head_dim**-0.5 if scaling is None else scaling
@@ -99,6 +102,17 @@ def packed_attention_forward(
         raise ValueError(f"Unknown packed attention backend {name!r}; choose `auto` or one of {sorted(KERNELS)}.")
     out = KERNELS[name](q, k, v, segments, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
     return out.reshape(batch, length, heads, value.shape[-1]), None
+
+
+def attention_chunk(module: torch.nn.Module) -> int | None:
+    """Chunk size of a chunked-attention layer (`config.layer_types[layer_idx] == "chunked_attention"`, Llama 4);
+    None for every other layer. transformers expresses chunking only through its masks, which this backend does not
+    build for flattened rows, so the layer's type is read here."""
+    config, index = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    layer_types = getattr(config, "layer_types", None)
+    if index is None or not layer_types or index >= len(layer_types) or layer_types[index] != "chunked_attention":
+        return None
+    return getattr(config, "attention_chunk_size", None)
 
 
 def padded_attention_forward(

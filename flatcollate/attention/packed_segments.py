@@ -48,6 +48,7 @@ class PackedSegments:
 # cache holds the tensor itself, so a hit needs the very same object, unmodified since (`_version`).
 _DERIVED: dict[str, tuple[torch.Tensor, int, PackedSegments]] = {}
 _HOST: dict[str, tuple[torch.Tensor, int, list[int]]] = {}
+_CHUNKED: dict[str, tuple[torch.Tensor, int, PackedSegments]] = {}
 
 
 def _cached(cache: dict, tensor: torch.Tensor):
@@ -142,3 +143,34 @@ def host_boundaries(cu_seqlens: torch.Tensor) -> list[int]:
     bounds = cu_seqlens.tolist()
     _HOST["last"] = (cu_seqlens, cu_seqlens._version, bounds)
     return bounds
+
+
+def split_into_chunks(segments: PackedSegments, chunk: int) -> PackedSegments:
+    """Chunked attention as plain causal attention over finer segments: each sequence cut every `chunk` tokens.
+
+    In a chunked-attention layer (Llama 4) a token sees the earlier tokens of its own chunk only, chunks counted from
+    the start of its sequence; that is exactly causal attention with every chunk as a sequence of its own::
+
+        cu_seqlens  [0, 5, 8]       chunk 2   ->   [0, 2, 4, 5, 7, 8]
+
+    Cached like the other derived boundaries (one computation per boundaries tensor and chunk size).
+
+    >>> split_into_chunks(PackedSegments(torch.tensor([0, 5, 8], dtype=torch.int32), 5), 2).cu_seqlens.tolist()
+    [0, 2, 4, 5, 7, 8]
+    """
+    key = str(chunk)
+    entry = _CHUNKED.get(key)
+    if entry is not None and entry[0] is segments.cu_seqlens and entry[1] == segments.cu_seqlens._version:
+        return entry[2]
+    cu = segments.cu_seqlens.long()
+    lengths = cu.diff()
+    counts = (lengths + chunk - 1) // chunk
+    first_piece = torch.cumsum(counts, 0) - counts
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), counts)
+    rank = torch.arange(len(sequence), device=cu.device) - first_piece[sequence]
+    starts = cu[:-1][sequence] + rank * chunk
+    chunked = PackedSegments(
+        cu_seqlens=torch.cat([starts, cu[-1:]]).to(CU_SEQLENS_DTYPE), max_length=min(segments.max_length, chunk)
+    )
+    _CHUNKED[key] = (segments.cu_seqlens, segments.cu_seqlens._version, chunked)
+    return chunked

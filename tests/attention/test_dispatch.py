@@ -1,5 +1,7 @@
 """Kernel dispatch with capabilities patched on and off, and boundary reuse across layers of a real model."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -177,3 +179,17 @@ def test_position_ids_only_and_collator_kwargs_give_the_same_logits(four_layer_l
     batch = _batch(with_boundaries=True)
     plain = {k: batch[k] for k in ("input_ids", "position_ids")}
     torch.testing.assert_close(four_layer_llama(**batch).logits, four_layer_llama(**plain).logits)
+
+
+def test_split_into_chunks_matches_a_loop_over_sequences():
+    from flatcollate.attention.packed_segments import PackedSegments, split_into_chunks
+
+    generator = torch.Generator().manual_seed(5)
+    for chunk in (1, 2, 3, 8):
+        lengths = torch.randint(1, 20, (7,), generator=generator).tolist()
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        expected = [0]
+        for start, end in itertools.pairwise(cu.tolist()):  # reference: walk each sequence chunk by chunk
+            expected += [*range(start + chunk, end, chunk), end]
+        got = split_into_chunks(PackedSegments(cu, max(lengths)), chunk)
+        assert got.cu_seqlens.tolist() == expected and got.max_length == min(max(lengths), chunk)
