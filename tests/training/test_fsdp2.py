@@ -1,0 +1,83 @@
+"""FSDP2 (`fully_shard`) over two CPU processes trains a prepared model exactly like one process on the same batches."""
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flatcollate import prepare_model_for_flattening
+from flatcollate.models import tiny_causal_lm
+from flatcollate.training import count_items, normalized_loss
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "fsdp2_train.py"
+NUM_EXAMPLES, PACK_LEN, LR = 30, 48, 0.1
+
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="needs the gloo backend"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("accelerate_fsdp2_example", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_two_processes(output: Path, *args: str) -> dict:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(free_port()), str(SCRIPT), "--output", str(output), "--num-examples", str(NUM_EXAMPLES),
+        "--pack-len", str(PACK_LEN), "--accumulation", "2", "--lr", str(LR), *args,
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(output / "result.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("data", ["stream", "map"])
+def test_fsdp2_two_processes_match_one_process_on_the_same_global_batches(tmp_path, data):
+    result = run_two_processes(tmp_path, "--parallel", "fsdp2", "--data", data)
+    assert result["world_size"] == 2
+    assert result["sharded"], "the parameters were DTensor shards (fully_shard), not DDP replicas"
+    steps = result["steps"]
+    assert len(steps) >= 3
+    assert all(len(step["example_ids"]) == 2 for step in steps)
+    assert all(step["example_ids"][1] for step in steps[:2]), "rank 1 trained on examples of its own"
+    seen = [i for step in steps for ids in step["example_ids"] for i in ids]
+    assert sorted(seen) == list(range(NUM_EXAMPLES)), "every example exactly once per epoch"
+
+    # One process: every step's examples (both ranks' micro-batches) flattened into one row, one backward.
+    script = load_script()
+    rows = script.make_rows(NUM_EXAMPLES, seed=0, max_len=PACK_LEN)
+    model = prepare_model_for_flattening(tiny_causal_lm("llama", seed=0, use_cache=False)).train()
+    initial = {name: param.detach().clone() for name, param in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for number, step in enumerate(steps):
+        batch = script.collate([{**rows[i], "example_id": i} for ids in step["example_ids"] for i in ids])
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        loss = normalized_loss(logits, batch["labels"], num_items_in_batch=count_items(batch["labels"]))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert abs(float(loss.detach()) - step["loss"]) <= 1e-5, f"step {number}"
+
+    params = result["params"]
+    assert params.keys() == initial.keys()
+    for name, param in model.named_parameters():
+        assert params[name].shape == param.shape, name
+        torch.testing.assert_close(params[name], param.detach(), atol=1e-5, rtol=0, msg=f"{name} after training")
+    moved = max(float((param.detach() - initial[name]).abs().max()) for name, param in model.named_parameters())
+    assert moved > 1e-3, "training changed the parameters by more than the tolerance"
