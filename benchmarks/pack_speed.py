@@ -1,41 +1,51 @@
 """Dataset packing: flatcollate's whole-dataset best-fit decreasing vs TRL's `pack_dataset`, on the same dataset.
 
-    python benchmarks/pack_speed.py --num-sequences 1000000 --out benchmarks/results/pack_speed
+    python benchmarks/pack_speed.py --sizes 100000 1000000 --short-sizes 10000000 --out benchmarks/results/pack_speed
 
-Lengths are drawn from real length profiles; both packers get the same `datasets.Dataset` of `input_ids` and return
-a packed dataset. Time (median over repeats), packs and fill are printed side by side, with ratios.
+Lengths are drawn from real length profiles; both packers get the same in-memory `datasets.Dataset` of `input_ids`
+and return a packed dataset. Every timed pass runs in a fresh process that builds the dataset first (not timed), so
+each pass gets the same memory to start from and its peak memory can be read: `peak_rss` is the most resident memory
+seen while packing (sampled every 5 ms), `extra_rss` that peak minus the memory held before packing (the dataset).
+Within each repeat the packers take turns. Sizes in `--short-sizes` use short rows: every length and the pack length
+divided by `--short-divisor` (rounded up), so as many sequences share a pack while the token columns fit in memory.
+Time (median, min-max over repeats), packs, fill and memory are printed side by side, with ratios.
 """
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import trl
-from tqdm.auto import tqdm
-from trl.data_utils import pack_dataset as trl_pack_dataset
 
-from flatcollate.bench import load_profile
-from flatcollate.data import pack_dataset
-
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-"""`cpu`: this process's CPU seconds (all threads), which other work on a shared machine disturbs far less than
-wall-clock seconds (`wall`)."""
+PACKERS = ("flatcollate", "trl")
 
 
 @dataclass(frozen=True)
 class Config:
     profiles: tuple[str, ...] = ("flan", "gsm8k")
-    num_sequences: int = 1_000_000
+    sizes: tuple[int, ...] = (100_000, 1_000_000)
+    short_sizes: tuple[int, ...] = (10_000_000,)
+    short_divisor: int = 16
+    short_repeats: int = 1
     pack_len: int = 4096
     repeats: int = 3
     seed: int = 0
-    clock: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Case:
+    profile: str
+    num_sequences: int
+    pack_len: int
+    divisor: int  # lengths and pack_len divided by this (1: real lengths)
+    seed: int
 
 
 @dataclass
@@ -43,95 +53,160 @@ class Result:
     profile: str
     packer: str
     num_sequences: int
+    pack_len: int
+    divisor: int
+    num_tokens: int
+    seconds: list[float]
     seconds_median: float
     seconds_min: float
     seconds_max: float
     packs: int
     fill: float
+    peak_rss_gib: float
+    extra_rss_gib: float
 
 
-def make_dataset(profile: str, cfg: Config) -> datasets.Dataset:
+def make_dataset(case: Case):
     """`input_ids` rows with the profile's lengths, built from offsets (token values do not matter to packing)."""
-    prompt, completion = load_profile(profile).sample(cfg.num_sequences, seed=cfg.seed)
-    lengths = np.minimum(prompt + completion, cfg.pack_len)
+    import datasets
+    import pyarrow as pa
+
+    from flatcollate.bench import load_profile
+
+    prompt, completion = load_profile(case.profile).sample(case.num_sequences, seed=case.seed)
+    lengths = -(-np.minimum(prompt + completion, case.pack_len * case.divisor) // case.divisor)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    values = pa.array(np.arange(offsets[-1], dtype=np.int64) % 32000)
-    column = pa.LargeListArray.from_arrays(pa.array(offsets), values).cast(pa.list_(pa.int64()))
-    return datasets.Dataset(pa.table({"input_ids": column}))
+    values = np.arange(offsets[-1], dtype=np.int64)
+    values %= 32000  # in place: the dataset holds one int64 per token and nothing else
+    column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values)).cast(pa.list_(pa.int64()))
+    return datasets.Dataset(pa.table({"input_ids": column}), fingerprint=f"pack-speed-{case}")
 
 
-def measure(pack, dataset: datasets.Dataset, cfg: Config, bar) -> tuple[list[float], datasets.Dataset]:
-    times, packed = [], None
-    for _ in range(cfg.repeats):
-        start = CLOCKS[cfg.clock]()
-        packed = pack(dataset)
-        times.append(CLOCKS[cfg.clock]() - start)
-        bar.update(1)
-    return times, packed
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def fill_of(packed: datasets.Dataset, pack_len: int) -> tuple[int, float]:
+def _measure(case: Case, packer: str) -> dict:
+    """One timed pass in this process: build the dataset, pack it, report time, packs, fill and memory."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    dataset = make_dataset(case)
+    pack_len = case.pack_len
+    if packer == "flatcollate":
+        from flatcollate.data import pack_dataset
+
+        def pack(ds):
+            return pack_dataset(ds, pack_len, strategy="bfd")
+    else:
+        from trl.data_utils import pack_dataset as trl_pack_dataset
+
+        def pack(ds):
+            return trl_pack_dataset(ds, pack_len, strategy="bfd")
+
+    before = _rss()
+    peak, done = [before], threading.Event()
+
+    def sample():
+        while not done.wait(0.005):
+            peak[0] = max(peak[0], _rss())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    packed = pack(dataset)
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    peak[0] = max(peak[0], _rss())
     offsets = packed.data.column("input_ids").combine_chunks().offsets.to_numpy()
-    return len(packed), float((offsets[-1] - offsets[0]) / (len(packed) * pack_len))
+    tokens = int(offsets[-1] - offsets[0])
+    return {"seconds": seconds, "packs": len(packed), "fill": tokens / (len(packed) * pack_len), "tokens": tokens,
+            "peak_rss": peak[0], "extra_rss": peak[0] - before}
 
 
-def run(cfg: Config, *, progress: bool = True) -> list[Result]:
-    packers = {
-        "flatcollate": lambda ds: pack_dataset(ds, cfg.pack_len, strategy="bfd"),
-        "trl": lambda ds: trl_pack_dataset(ds, cfg.pack_len, strategy="bfd"),
-    }
+def run(cfg: Config, *, progress: bool = True, on_case=None) -> list[Result]:
+    """Every case, the packers taking turns within each repeat; `on_case(results so far)` after each case."""
+    cases = [Case(p, n, cfg.pack_len, 1, cfg.seed) for n in cfg.sizes for p in cfg.profiles]
+    short_len = -(-cfg.pack_len // cfg.short_divisor)
+    cases += [Case(p, n, short_len, cfg.short_divisor, cfg.seed) for n in cfg.short_sizes for p in cfg.profiles]
     results = []
-    bar = tqdm(total=len(cfg.profiles) * len(packers) * cfg.repeats, unit="pass", disable=not progress)
-    for profile in cfg.profiles:
-        bar.set_description(f"{profile}: building the dataset")
-        dataset = make_dataset(profile, cfg)
-        for name, pack in packers.items():
-            bar.set_description(f"{profile} {name}")
-            times, packed = measure(pack, dataset, cfg, bar)
-            packs, fill = fill_of(packed, cfg.pack_len)
-            results.append(Result(profile, name, len(dataset), statistics.median(times), min(times), max(times),
-                                  packs, fill))
-    bar.close()
+    for case in cases:
+        passes = {name: [] for name in PACKERS}
+        for repeat in range(cfg.repeats if case.divisor == 1 else cfg.short_repeats):
+            for name in PACKERS:  # the packers take turns within each repeat
+                out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(asdict(case)), name],
+                                     check=True, capture_output=True, text=True)
+                passes[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                if progress:
+                    print(f"{case.profile} {case.num_sequences:,} (/{case.divisor}) {name} pass {repeat + 1}: "
+                          f"{passes[name][-1]['seconds']:.2f} s", file=sys.stderr, flush=True)
+        for name, runs in passes.items():
+            times = [r["seconds"] for r in runs]
+            results.append(Result(
+                case.profile, name, case.num_sequences, case.pack_len, case.divisor, runs[0]["tokens"], times,
+                statistics.median(times), min(times), max(times), runs[0]["packs"], runs[0]["fill"],
+                max(r["peak_rss"] for r in runs) / 2**30, max(r["extra_rss"] for r in runs) / 2**30,
+            ))
+        if on_case is not None:
+            on_case(results)
     return results
 
 
 def markdown(results: list[Result]) -> str:
-    lines = ["| profile | packer | sequences | time s (median, min-max) | packs | fill | x faster than trl |",
-             "|---|---|---|---|---|---|---|"]
-    trl_time = {r.profile: r.seconds_median for r in results if r.packer == "trl"}
+    lines = ["| profile | sequences | pack_len | tokens | packer | time s (median, min-max) | packs | fill | "
+             "peak RSS GiB (extra) | x faster than trl |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    trl_time = {(r.profile, r.num_sequences, r.pack_len): r.seconds_median for r in results if r.packer == "trl"}
     for r in results:
-        lines.append(f"| {r.profile} | {r.packer} | {r.num_sequences:,} | {r.seconds_median:.2f} "
-                     f"({r.seconds_min:.2f}-{r.seconds_max:.2f}) | {r.packs:,} | {100 * r.fill:.2f}% | "
-                     f"{trl_time[r.profile] / r.seconds_median:.1f} |")
+        ratio = trl_time[(r.profile, r.num_sequences, r.pack_len)] / r.seconds_median
+        short = f" (lengths /{r.divisor})" if r.divisor > 1 else ""
+        lines.append(f"| {r.profile} | {r.num_sequences:,}{short} | {r.pack_len} | {r.num_tokens / 1e6:,.0f}M | "
+                     f"{r.packer} | {r.seconds_median:.2f} ({r.seconds_min:.2f}-{r.seconds_max:.2f}) | {r.packs:,} | "
+                     f"{100 * r.fill:.2f}% | {r.peak_rss_gib:.1f} ({r.extra_rss_gib:.1f}) | {ratio:.1f} |")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
+def main(argv: list[str] | None = None) -> list[Result] | None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--num-sequences", type=int, default=Config.num_sequences, help="sequences per profile")
+    parser.add_argument("--sizes", type=int, nargs="*", default=Config.sizes, help="sequences per profile")
+    parser.add_argument("--short-sizes", type=int, nargs="*", default=Config.short_sizes,
+                        help="sequences per profile, with short rows")
+    parser.add_argument("--short-divisor", type=int, default=Config.short_divisor,
+                        help="lengths and pack length divided by this for --short-sizes")
+    parser.add_argument("--short-repeats", type=int, default=Config.short_repeats,
+                        help="timed passes per packer for --short-sizes")
     parser.add_argument("--pack-len", type=int, default=Config.pack_len, help="tokens per pack")
-    parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed runs per packer")
+    parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed passes per packer")
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="what a timing counts")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no line per pass on stderr")
+    parser.add_argument("--worker", nargs=2, metavar=("CASE", "PACKER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    datasets.disable_progress_bars()
-    cfg = Config(
-        num_sequences=args.num_sequences, pack_len=args.pack_len, repeats=args.repeats, clock=args.clock
-    )
-    results = run(cfg, progress=not args.no_progress)
-    table = markdown(results)
-    print(table)
-    if args.out:
+    if args.worker:
+        print(json.dumps(_measure(Case(**json.loads(args.worker[0])), args.worker[1])))
+        return None
+    cfg = Config(sizes=tuple(args.sizes), short_sizes=tuple(args.short_sizes), short_divisor=args.short_divisor,
+                 short_repeats=args.short_repeats, pack_len=args.pack_len, repeats=args.repeats)
+
+    def save(results: list[Result]) -> None:  # after every case, so a long run keeps what it measured
+        if not args.out:
+            return
+        import datasets
+        import trl
+
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         payload = {"config": asdict(cfg), "versions": {"trl": trl.__version__, "datasets": datasets.__version__},
-                   "results": [asdict(r) for r in results]}
+                   "cpus": os.cpu_count(), "results": [asdict(r) for r in results]}
         (out / "results.json").write_text(json.dumps(payload, indent=1))
-        (out / "results.md").write_text(table + "\n")
+        (out / "results.md").write_text(markdown(results) + "\n")
+
+    results = run(cfg, progress=not args.no_progress, on_case=save)
+    print(markdown(results))
     return results
 
 
