@@ -15,7 +15,7 @@ from flatcollate.models import tiny_causal_lm
 from flatcollate.training import count_items, normalized_loss
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "fsdp2_train.py"
-NUM_EXAMPLES, PACK_LEN, LR = 30, 48, 0.1
+NUM_EXAMPLES, PACK_LEN, LR, MOMENTUM = 30, 48, 0.1, 0.9
 
 pytestmark = pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="needs the gloo backend"
@@ -39,7 +39,8 @@ def run_two_processes(output: Path, *args: str) -> dict:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
         "--master_port", str(free_port()), str(SCRIPT), "--output", str(output), "--num-examples", str(NUM_EXAMPLES),
-        "--pack-len", str(PACK_LEN), "--accumulation", "2", "--lr", str(LR), *args,
+        "--pack-len", str(PACK_LEN), "--accumulation", "2", "--lr", str(LR), "--momentum", str(MOMENTUM),
+        *args,
     ]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
@@ -64,7 +65,7 @@ def test_fsdp2_two_processes_match_one_process_on_the_same_global_batches(tmp_pa
     rows = script.make_rows(NUM_EXAMPLES, seed=0, max_len=PACK_LEN)
     model = prepare_model_for_flattening(tiny_causal_lm("llama", seed=0, use_cache=False)).train()
     initial = {name: param.detach().clone() for name, param in model.named_parameters()}
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for number, step in enumerate(steps):
         batch = script.collate([{**rows[i], "example_id": i} for ids in step["example_ids"] for i in ids])
         logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
