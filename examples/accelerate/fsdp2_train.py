@@ -6,9 +6,11 @@
     # checkpoint every 2 steps; after a crash, the same command with --resume goes on from the newest full checkpoint
     python examples/accelerate/fsdp2_train.py --checkpoint-dir ckpt/ --checkpoint-every 2
 
-With several processes and `--parallel fsdp2` (default) the model goes through accelerate's FSDP plugin, version 2
-(`fully_shard` on every decoder layer and on the whole model, gloo on the CPU). The model is prepared for flattened
-batches (`flatcollate.prepare_model_for_flattening`) before it is sharded. Batches come from either:
+With several processes and `--parallel fsdp2` (default) the model is sharded with FSDP2: `fully_shard` on every
+decoder layer and then on the whole model, over gloo on the CPU. The script calls `fully_shard` itself because
+accelerate's FSDP plugin does not apply on the CPU (accelerate keeps `MULTI_CPU` there and wraps the model in DDP; on
+GPUs, `examples/accelerate/fsdp.yaml` selects the plugin). The model is prepared for flattened batches
+(`flatcollate.prepare_model_for_flattening`) before it is sharded. Batches come from either:
 
 - `--data stream`: a `StreamingPacker` per rank (it shards rows by index over ranks), micro-batches of packs;
 - `--data map`: a list of rows batched by `TokenBudgetBatchSampler` (one balanced batch per rank per micro-batch).
@@ -17,11 +19,12 @@ Both go through a `StatefulDataLoader`. Each optimizer step counts label tokens 
 and divides every micro-batch's summed loss by that count (`normalized_loss`), accumulating with `no_sync`; ranks
 whose data runs out join the remaining steps with zero-loss micro-batches (see `train.py`).
 
-Checkpoints (`--checkpoint-dir`, every `--checkpoint-every` steps) are `accelerator.save_state` (model, optimizer,
-RNG) plus each rank's own `loader_rank{r}.pt`: the DataLoader state differs per rank (each rank packs its own share)
-and `accelerator.register_for_checkpointing` would keep rank 0's only. A checkpoint counts once `complete` is
-written, after every rank has saved; `--resume` loads the newest complete one, so a job killed while saving resumes
-from the one before.
+Checkpoints (`--checkpoint-dir`, every `--checkpoint-every` steps) are `accelerator.save_state` (RNG of every rank;
+model and optimizer under DDP or one process), under FSDP2 the model and optimizer shards written by every rank with
+`torch.distributed.checkpoint`, and each rank's own `loader_rank{r}.pt`: the DataLoader state differs per rank (each
+rank packs its own share) and `accelerator.register_for_checkpointing` would keep rank 0's only. A checkpoint counts
+once `complete` is written, after every rank has saved; `--resume` loads the newest complete one, so a job killed
+while saving resumes from the one before.
 
 With `--output`, rank 0 appends one JSON line per step to `steps.jsonl` (loss, example ids of each rank) as it goes,
 and writes `result.pt` at the end: the steps of this run and the full (unsharded) parameters.
@@ -192,7 +195,6 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
         model, optimizer = accelerator.prepare(model, optimizer)
-    mode = {"normalization": "token"}
 
     start = 0
     resume_from = newest_checkpoint(args.checkpoint_dir) if args.resume else None
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
         num_micro = int(accelerator.reduce(torch.tensor(len(window)), reduction="max"))
         if num_micro == 0:
             break
-        total = global_num_items(sum(int(count_items(b["labels"], **mode)) for b in window))
+        total = global_num_items(sum(int(count_items(b["labels"])) for b in window))
         step_loss = torch.zeros(())
         for index in range(num_micro):
             sync = no_sync(accelerator, model) if index < num_micro - 1 else contextlib.nullcontext()
