@@ -82,3 +82,34 @@ def test_fsdp2_two_processes_match_one_process_on_the_same_global_batches(tmp_pa
         torch.testing.assert_close(params[name], param.detach(), atol=1e-5, rtol=0, msg=f"{name} after training")
     moved = max(float((param.detach() - initial[name]).abs().max()) for name, param in model.named_parameters())
     assert moved > 1e-3, "training changed the parameters by more than the tolerance"
+
+
+PLUGIN_PROBE = """
+import torch
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from flatcollate.models import tiny_causal_lm
+
+accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+model = tiny_causal_lm("llama")
+model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+if accelerator.is_main_process:
+    sharded = any(hasattr(param, "full_tensor") for param in model.parameters())
+    print(f"{accelerator.distributed_type.value} {type(model).__name__} sharded={sharded}")
+accelerator.wait_for_everyone()
+del model, optimizer
+accelerator.end_training()
+"""
+
+
+def test_accelerate_fsdp_plugin_falls_back_to_ddp_on_the_cpu(tmp_path):
+    """Why the example calls `fully_shard` itself: on the CPU accelerate ignores the plugin (red once it does not)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PLUGIN_PROBE)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(free_port()), str(probe),
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "MULTI_CPU DistributedDataParallel sharded=False" in done.stdout
