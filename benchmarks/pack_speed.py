@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 PACKERS = ("flatcollate", "trl")
 
@@ -31,7 +32,7 @@ PACKERS = ("flatcollate", "trl")
 class Config:
     profiles: tuple[str, ...] = ("flan", "gsm8k")
     sizes: tuple[int, ...] = (100_000, 1_000_000)
-    short_sizes: tuple[int, ...] = (10_000_000,)
+    short_sizes: tuple[int, ...] = ()
     short_divisor: int = 16
     short_repeats: int = 1
     pack_len: int = 4096
@@ -133,16 +134,17 @@ def run(cfg: Config, *, progress: bool = True, on_case=None) -> list[Result]:
     short_len = -(-cfg.pack_len // cfg.short_divisor)
     cases += [Case(p, n, short_len, cfg.short_divisor, cfg.seed) for n in cfg.short_sizes for p in cfg.profiles]
     results = []
+    repeats = {case: cfg.repeats if case.divisor == 1 else cfg.short_repeats for case in cases}
+    bar = tqdm(total=len(PACKERS) * sum(repeats.values()), unit="pass", disable=not progress)
     for case in cases:
         passes = {name: [] for name in PACKERS}
-        for repeat in range(cfg.repeats if case.divisor == 1 else cfg.short_repeats):
+        for _ in range(repeats[case]):
             for name in PACKERS:  # the packers take turns within each repeat
+                bar.set_description(f"{case.profile} {case.num_sequences:,} (/{case.divisor}) {name}")
                 out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(asdict(case)), name],
                                      check=True, capture_output=True, text=True)
                 passes[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-                if progress:
-                    print(f"{case.profile} {case.num_sequences:,} (/{case.divisor}) {name} pass {repeat + 1}: "
-                          f"{passes[name][-1]['seconds']:.2f} s", file=sys.stderr, flush=True)
+                bar.update(1)
         for name, runs in passes.items():
             times = [r["seconds"] for r in runs]
             results.append(Result(
@@ -152,6 +154,7 @@ def run(cfg: Config, *, progress: bool = True, on_case=None) -> list[Result]:
             ))
         if on_case is not None:
             on_case(results)
+    bar.close()
     return results
 
 
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> list[Result] | None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--sizes", type=int, nargs="*", default=Config.sizes, help="sequences per profile")
+    parser.add_argument("--sizes", "--num-sequences", type=int, nargs="*", default=Config.sizes,
+                        help="sequences per profile")
     parser.add_argument("--short-sizes", type=int, nargs="*", default=Config.short_sizes,
                         help="sequences per profile, with short rows")
     parser.add_argument("--short-divisor", type=int, default=Config.short_divisor,
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> list[Result] | None:
     parser.add_argument("--pack-len", type=int, default=Config.pack_len, help="tokens per pack")
     parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed passes per packer")
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
-    parser.add_argument("--no-progress", action="store_true", help="no line per pass on stderr")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--worker", nargs=2, metavar=("CASE", "PACKER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
