@@ -50,10 +50,10 @@ def _is_encoder_decoder(model_type: str) -> bool:
         return False
 
 
-def run_one(model_type: str) -> dict:
+def run_one(model_type: str, *, seconds: int = SECONDS_PER_ARCHITECTURE) -> dict:
     """One architecture's row; a build or run failure is recorded with its message, never hidden."""
     started = time.perf_counter()
-    signal.alarm(SECONDS_PER_ARCHITECTURE)
+    signal.alarm(seconds)
     try:
         with torch.device("meta"):  # count parameters without allocating them
             size = sum(p.numel() for p in AutoModelForCausalLM.from_config(tiny_config(model_type)).parameters())
@@ -82,7 +82,7 @@ class TooSlow(Exception):
 
 
 def _too_slow(signum, frame):
-    raise TooSlow(f"took over {SECONDS_PER_ARCHITECTURE} s on CPU")
+    raise TooSlow("ran past the time limit (--seconds) on CPU")
 
 
 def _cell(result: dict) -> str:
@@ -135,12 +135,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=Path("docs/compatibility.md"))
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows here")
     parser.add_argument("--only", nargs="+", default=None, help="model types to run (default: all)")
+    parser.add_argument(
+        "--seconds", type=int, default=SECONDS_PER_ARCHITECTURE, help="time limit per architecture (more on a busy CPU)"
+    )
+    parser.add_argument(
+        "--merge", type=Path, default=None, help="JSON rows of an earlier run; the rows run now replace theirs"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGALRM, _too_slow)
     transformers.logging.set_verbosity_error()
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
-    rows = [run_one(name) for name in tqdm(architectures(args.only), desc="architectures")]
+    rows = [run_one(name, seconds=args.seconds) for name in tqdm(architectures(args.only), desc="architectures")]
+    if args.merge is not None:
+        fresh = {row["model_type"]: row for row in rows}
+        earlier = json.loads(args.merge.read_text())
+        rows = [fresh.pop(row["model_type"], row) for row in earlier] + list(fresh.values())
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(to_markdown(rows))
     if args.json is not None:
