@@ -1,8 +1,6 @@
 """FSDP2 (`fully_shard`) over two CPU processes trains a prepared model exactly like one process on the same batches."""
 
-import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,25 +12,17 @@ from flatcollate import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
 from flatcollate.training import count_items, normalized_loss
 
+from .launch import free_port, needs_gloo
+from .launch import load_script as load_script_at
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "fsdp2_train.py"
 NUM_EXAMPLES, PACK_LEN, LR, MOMENTUM = 30, 48, 0.1, 0.9
 
-pytestmark = pytest.mark.skipif(
-    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="needs the gloo backend"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = needs_gloo
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("accelerate_fsdp2_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script_at(SCRIPT, "accelerate_fsdp2_example")
 
 
 def run_two_processes(output: Path, *args: str) -> dict:

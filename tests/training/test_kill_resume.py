@@ -9,7 +9,6 @@ same parameters as the uninterrupted one. SGD with momentum, so the optimizer st
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from .launch import free_port, needs_gloo
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "fsdp2_train.py"
 CHECKPOINT_EVERY = 2
 
-pytestmark = pytest.mark.skipif(
-    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="needs the gloo backend"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = needs_gloo
 
 
 def command(output: Path, checkpoints: Path, *args: str) -> list[str]:

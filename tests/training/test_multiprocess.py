@@ -1,36 +1,25 @@
 """Two CPU processes (gloo, launched by torchrun) train the same steps as one process on the same global batches."""
 
-import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from flatcollate.models import tiny_causal_lm
 
+from .launch import free_port, needs_gloo
+from .launch import load_script as load_script_at
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "train.py"
 NUM_EXAMPLES, PACK_LEN, LR = 30, 48, 0.1
 
-pytestmark = pytest.mark.skipif(
-    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()), reason="needs the gloo backend"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = needs_gloo
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("accelerate_train_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script_at(SCRIPT, "accelerate_train_example")
 
 
 def test_two_process_run_matches_single_process_reference(tmp_path):
