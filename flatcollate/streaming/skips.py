@@ -14,10 +14,11 @@ Only plain dicts, lists, strings and ints, so the state survives `torch.load(wei
 
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..data.row_errors import SkippedRow
+from ..data.supervised import EncodeStats
 from .sharding import Readers
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ SKIP_KEYS = ("counts", "first_rows", "first_messages")
 
 
 @dataclass(frozen=True)
-class StreamStats:
+class StreamStats(EncodeStats):
     """What one reader of a `StreamingPacker` (a rank's DataLoader worker) did with the rows of its current pass.
 
     Args:
@@ -37,24 +38,12 @@ class StreamStats:
             order (`"row 12"`, `"source 1 row 3 (stream row 9)"`).
         first_messages (`dict[str, str]`): the message of the first skipped row of each reason.
 
+    The fields and their printed form are those of `flatcollate.data.EncodeStats`; rows are named by their origin.
+
     >>> print(StreamStats(4, 3, {"no_assistant": 1}, {"no_assistant": ["row 2"]}, {"no_assistant": "row 2: ..."}))
     encoded 3 of 4 rows
       skipped 1 (no_assistant): rows row 2; first: row 2: ...
     """
-
-    num_rows: int
-    num_encoded: int
-    skipped: dict[str, int] = field(default_factory=dict)
-    first_skipped: dict[str, list[str]] = field(default_factory=dict)
-    first_messages: dict[str, str] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        lines = [f"encoded {self.num_encoded} of {self.num_rows} rows"]
-        for reason, count in sorted(self.skipped.items(), key=lambda kv: -kv[1]):
-            rows = ", ".join(self.first_skipped[reason])
-            more = ", ..." if count > len(self.first_skipped[reason]) else ""
-            lines.append(f"  skipped {count} ({reason}): rows {rows}{more}; first: {self.first_messages[reason]}")
-        return "\n".join(lines)
 
     @classmethod
     def merge(cls, parts: Iterable["StreamStats"]) -> "StreamStats":

@@ -15,6 +15,8 @@ from transformers import AutoTokenizer
 from flatcollate.data import RowError, SkippedRow, build_encoder
 from flatcollate.data.chat import ChatRenderer
 
+from .label_runs import trained_runs
+
 CHAT_KWARGS = {
     "qwen2.5-instruct": {},
     "llama-3.2-instruct": {"date_string": "26 Jul 2024"},
@@ -54,19 +56,6 @@ def hh_rows(shared_data):
 @pytest.fixture(scope="module")
 def glaive_rows(shared_data):
     return json.loads((shared_data / "datasets" / "glaive_toolcall_en_demo.json").read_text())
-
-
-def trained_runs(labels):
-    """Contiguous runs of trained tokens (slow reference: a plain loop)."""
-    runs, current = [], []
-    for t in labels:
-        if t == -100:
-            if current:
-                runs.append(current)
-            current = []
-        else:
-            current.append(t)
-    return [*runs, current] if current else runs
 
 
 def reference_mask(offsets, spans):

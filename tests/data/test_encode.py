@@ -11,6 +11,8 @@ from transformers import AutoTokenizer
 from flatcollate.data.encode import build_encoder
 from flatcollate.data.prompt_templates import load_template, render_prompt
 
+from .label_runs import trained_runs
+
 CHAT = {
     "qwen2.5-instruct": ({}, "<|im_end|>\n"),
     "llama-3.2-instruct": ({"date_string": "26 Jul 2024"}, "<|eot_id|>"),
@@ -35,19 +37,6 @@ def read_jsonl(path, n):
         return [json.loads(line) for line in itertools.islice(f, n)]
 
 
-def labeled_spans(labels):
-    """Contiguous runs of trained tokens, as lists of ids (slow reference: a plain loop)."""
-    spans, current = [], []
-    for t in labels:
-        if t == -100:
-            if current:
-                spans.append(current)
-            current = []
-        else:
-            current.append(t)
-    return [*spans, current] if current else spans
-
-
 @pytest.mark.parametrize("name", list(CHAT))
 def test_chat_labels_are_each_reply_and_its_end_of_turn(tokenizers, shared_data, name):
     tok = tokenizers(name)
@@ -60,7 +49,7 @@ def test_chat_labels_are_each_reply_and_its_end_of_turn(tokenizers, shared_data,
         assert out["input_ids"] == list(reference)
         assert all(lab in (-100, t) for lab, t in zip(out["labels"], out["input_ids"], strict=True))
         replies = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-        spans = labeled_spans(out["labels"])
+        spans = trained_runs(out["labels"])
         assert len(spans) == len(replies)
         for span, reply in zip(spans, replies, strict=True):
             assert tok.decode(span).lstrip() == reply.strip() + end_of_turn
@@ -77,7 +66,7 @@ def test_sharegpt_with_tools(tokenizers, shared_data):
         tools = json.loads(row["tools"]) if row["tools"] else None
         assert out["input_ids"] == list(tok.apply_chat_template(messages, tools=tools)["input_ids"])
         replies = [m["content"] for m in messages if m["role"] == "assistant"]
-        spans = labeled_spans(out["labels"])
+        spans = trained_runs(out["labels"])
         assert [tok.decode(s) for s in spans] == [r + "<|im_end|>\n" for r in replies]
 
 
