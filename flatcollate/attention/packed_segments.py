@@ -58,6 +58,19 @@ def _cached(cache: dict, tensor: torch.Tensor):
     return None
 
 
+def position_starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """`(B * T,)` bool: True where a sequence starts, i.e. the position does not grow by one (the rule of
+    transformers' mask builders), and at every row start.
+
+    >>> position_starts(torch.tensor([[0, 1, 2, 0, 0, 1]])).tolist()
+    [True, False, False, True, True, False]
+    """
+    rows = position_ids.reshape(-1, position_ids.shape[-1])
+    starts = torch.ones_like(rows, dtype=torch.bool)
+    starts[:, 1:] = rows[:, 1:] - rows[:, :-1] != 1
+    return starts.reshape(-1)
+
+
 def segments_from_position_ids(position_ids: torch.Tensor) -> PackedSegments:
     """Boundaries from restarting positions, computed once per tensor (one host sync for `max_length`).
 
@@ -74,11 +87,8 @@ def segments_from_position_ids(position_ids: torch.Tensor) -> PackedSegments:
     cached = _cached(_DERIVED, position_ids)
     if cached is not None:
         return cached
-    rows = position_ids.reshape(-1, position_ids.shape[-1])
-    starts = torch.ones_like(rows, dtype=torch.bool)
-    starts[:, 1:] = rows[:, 1:] - rows[:, :-1] != 1
-    flat_starts = torch.nonzero(starts.reshape(-1)).reshape(-1)
-    total = torch.tensor([rows.numel()], device=rows.device, dtype=flat_starts.dtype)
+    flat_starts = torch.nonzero(position_starts(position_ids)).reshape(-1)
+    total = torch.tensor([position_ids.numel()], device=position_ids.device, dtype=flat_starts.dtype)
     cu_seqlens = torch.cat([flat_starts, total]).to(CU_SEQLENS_DTYPE)
     segments = PackedSegments(cu_seqlens=cu_seqlens, max_length=int(cu_seqlens.diff().max()))
     _DERIVED["last"] = (position_ids, position_ids._version, segments)

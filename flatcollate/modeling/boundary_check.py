@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._conventions import IDS_DTYPE
-from ..attention.packed_segments import host_boundaries
+from ..attention.packed_segments import host_boundaries, position_starts
 
 BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
 """Arguments whose presence makes the guard check the batch's boundaries."""
@@ -43,14 +43,6 @@ def _starts_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
     rows = seq_idx.reshape(-1, seq_idx.shape[-1])
     starts = torch.ones_like(rows, dtype=torch.bool)
     starts[:, 1:] = rows[:, 1:] != rows[:, :-1]
-    return starts.reshape(-1)
-
-
-def _starts_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    """`(B * T,)` bool: True where the position does not grow by one (the rule of transformers' mask builders)."""
-    rows = position_ids.reshape(-1, position_ids.shape[-1])
-    starts = torch.ones_like(rows, dtype=torch.bool)
-    starts[:, 1:] = rows[:, 1:] - rows[:, :-1] != 1
     return starts.reshape(-1)
 
 
@@ -142,7 +134,7 @@ def check_boundaries(arguments: dict) -> torch.Tensor | None:
             f"`position_ids` of shape {tuple(position_ids.shape)} cannot be checked against `{source}` for a batch "
             f"of {rows} x {length} tokens: flattened batches take text positions of shape (batch, sequence_length)."
         )
-    token = _first_difference(_starts_from_positions(position_ids.to(device)), starts)
+    token = _first_difference(position_starts(position_ids.to(device)), starts)
     if token is not None:
         happens = "a sequence starts there but the positions go on" if starts[token] else "they restart inside one"
         raise ValueError(
