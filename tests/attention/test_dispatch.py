@@ -156,8 +156,11 @@ def test_collator_boundaries_are_never_recomputed_per_layer(four_layer_llama, mo
     monkeypatch.setattr(packed_segments, "_HOST", host)
     calls = []
     original = packed_segments.segments_from_kwargs
-    monkeypatch.setattr(
-        "flatcollate.attention.dispatch.segments_from_kwargs", lambda kw, **o: calls.append(1) or original(kw, **o)
+    # The namespace the backend really calls into (a dotted path can name a re-imported copy under doctests).
+    monkeypatch.setitem(
+        packed_attention_forward.__globals__,
+        "segments_from_kwargs",
+        lambda kw, **o: calls.append(1) or original(kw, **o),
     )
     four_layer_llama(**_batch(with_boundaries=True))
     assert len(calls) == 4, "the backend should run once per layer"
