@@ -52,8 +52,9 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return int(differ[0, 0]) if differ.numel() else None
 
 
-def _check_cu_seqlens(arguments: dict, total: int) -> list[int]:
-    """`cu_seq_lens_q` as Python ints after checking it against the batch, `cu_seq_lens_k` and `max_length_q/k`."""
+def _check_cu_seqlens(arguments: dict, total: int, *, ranks: int = 1) -> list[int]:
+    """`cu_seq_lens_q` as Python ints after checking it against the batch (`total` tokens on each of `ranks`),
+    `cu_seq_lens_k` and `max_length_q/k`."""
     cu_q, cu_k = arguments.get("cu_seq_lens_q"), arguments.get("cu_seq_lens_k")
     if cu_q is None:
         cu_q = cu_k
@@ -63,10 +64,11 @@ def _check_cu_seqlens(arguments: dict, total: int) -> list[int]:
             f"and dtype {cu_q.dtype}; build it with `flatcollate.DataCollatorWithFlattening`."
         )
     bounds = host_boundaries(cu_q)
-    if bounds[0] != 0 or bounds[-1] != total:
+    if bounds[0] != 0 or bounds[-1] != total * ranks:
+        on_ranks = f" on each of {ranks} ranks" if ranks > 1 else ""
         raise ValueError(
-            f"`cu_seq_lens_q` starts at {bounds[0]} and ends at {bounds[-1]}, but the batch holds {total} tokens; "
-            "it must run from 0 to the number of tokens. Collate the batch and its boundaries together."
+            f"`cu_seq_lens_q` starts at {bounds[0]} and ends at {bounds[-1]}, but the batch holds {total} tokens"
+            f"{on_ranks}; it must run from 0 to the number of tokens. Collate the batch and its boundaries together."
         )
     lengths = np.diff(bounds)
     if lengths.min() < 1:
@@ -89,12 +91,14 @@ def _check_cu_seqlens(arguments: dict, total: int) -> list[int]:
     return bounds
 
 
-def check_boundaries(arguments: dict) -> torch.Tensor | None:
+def check_boundaries(arguments: dict, *, shard: tuple[int, int] | None = None) -> torch.Tensor | None:
     """Refuse boundary arguments that disagree; return restarting `position_ids` when the batch has none.
 
     Args:
         arguments (`dict`): the forward's arguments; reads `input_ids` / `inputs_embeds`, `cu_seq_lens_q/k`,
             `max_length_q/k`, `seq_idx` `(B, T)` and `position_ids` `(B, T)`.
+        shard (`tuple[int, int]`, *optional*): `(rank, size)` of a sequence-parallel group: the batch is slice
+            `rank` of a row split into `size` equal slices, and `cu_seq_lens_q/k` are the whole row's.
 
     Returns:
         `torch.Tensor` of shape `(B, T)`, int64: positions restarting at 0 at every boundary, to pass to the model
@@ -107,6 +111,8 @@ def check_boundaries(arguments: dict) -> torch.Tensor | None:
     if shape is None or not any(arguments.get(key) is not None for key in BOUNDARY_KEYS):
         return None
     rows, length, device = shape
+    if shard is not None:
+        return _check_slice(arguments, length, device, shard, rows=rows)
     total = rows * length
     starts, source = None, None
     if arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None:
@@ -134,7 +140,13 @@ def check_boundaries(arguments: dict) -> torch.Tensor | None:
             f"`position_ids` of shape {tuple(position_ids.shape)} cannot be checked against `{source}` for a batch "
             f"of {rows} x {length} tokens: flattened batches take text positions of shape (batch, sequence_length)."
         )
-    token = _first_difference(position_starts(position_ids.to(device)), starts)
+    _refuse_other_starts(position_starts(position_ids.to(device)), starts, source)
+    return None
+
+
+def _refuse_other_starts(observed: torch.Tensor, starts: torch.Tensor, source: str) -> None:
+    """Raise where positions restart (`observed`) at other tokens than the boundaries start sequences (`starts`)."""
+    token = _first_difference(observed, starts)
     if token is not None:
         happens = "a sequence starts there but the positions go on" if starts[token] else "they restart inside one"
         raise ValueError(
@@ -143,4 +155,40 @@ def check_boundaries(arguments: dict) -> torch.Tensor | None:
             "(`DataCollatorWithFlattening(return_position_ids=True)`) or leave `position_ids` out, and flatcollate "
             "derives them from the boundaries."
         )
+
+
+def _check_slice(
+    arguments: dict, length: int, device: torch.device, shard: tuple[int, int], *, rows: int
+) -> torch.Tensor | None:
+    """`check_boundaries` for slice `rank` of `size` (sequence parallelism): this rank's `length` positions against
+    the whole row's `cu_seq_lens_q` cut to the same tokens.
+
+    The slice's first token is a start in the slice's own positions; inside a sequence of the row it must continue
+    that sequence instead: its position is at least its offset in the sequence (positions count up from a start of
+    0 or more), which positions restarted per slice are not.
+    """
+    rank, size = shard
+    if rows != 1 or arguments.get("seq_idx") is not None:
+        raise ValueError(
+            f"A sequence-parallel batch is one row per rank with `cu_seq_lens_q/k` and no `seq_idx`; got {rows} rows"
+            f"{' and `seq_idx`' if arguments.get('seq_idx') is not None else ''}. Split rows with "
+            "`flatcollate.parallel.split_for_sequence_parallel`."
+        )
+    bounds = _check_cu_seqlens(arguments, length, ranks=size)
+    index = torch.arange(length * size, device=device)
+    row_starts = _starts_from_cu(bounds, length * size, device)
+    first = torch.cummax(torch.where(row_starts, index, torch.zeros_like(index)), dim=0).values
+    part = slice(rank * length, (rank + 1) * length)
+    offsets, starts = (index - first)[part], row_starts[part]
+    position_ids = arguments.get("position_ids")
+    if position_ids is None:
+        return offsets.to(IDS_DTYPE).reshape(1, length)
+    if position_ids.numel() != length:
+        raise ValueError(
+            f"`position_ids` of shape {tuple(position_ids.shape)} do not match this rank's {length} tokens; pass the "
+            "positions of `split_for_sequence_parallel` (this rank's slice, shape (1, T / size))."
+        )
+    observed = position_starts(position_ids.to(device))
+    observed[0] = starts[0] | (position_ids.reshape(-1)[0].to(device) < offsets[0])
+    _refuse_other_starts(observed, starts, "cu_seq_lens_q")
     return None
