@@ -119,7 +119,9 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
             "no `past_key_values` (the flattening collators emit none of them), e.g. `model(**batch, use_cache=False)`."
         )
     changes = {}
-    position_ids = check_boundaries(arguments)
+    # A sequence-parallel rank holds a slice of the row: `(rank, size)`, set by `prepare_model_for_sequence_parallel`.
+    shard = getattr(model, "_flatcollate_sequence_shard", None)
+    position_ids = check_boundaries(arguments, shard=shard)
     if position_ids is not None:
         changes["position_ids"] = position_ids
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
