@@ -1,0 +1,99 @@
+"""Tiny vision-language models: each family builds, each example runs alone and holds exactly the image tokens the
+model consumes, and examples are reproducible from their seed."""
+
+import functools
+
+import pytest
+import torch
+
+from flatcollate.vision.tiny import (
+    FAMILIES,
+    LAYOUT_BASE,
+    SPECIAL_BASE,
+    TEXT_IDS,
+    TINY_BUILD_NOTES,
+    VOCAB_SIZE,
+    special_token_names,
+    tiny_vision_examples,
+    tiny_vision_lm,
+)
+
+PER_TOKEN = ("input_ids", "labels", "mm_token_type_ids", "token_type_ids")
+COVERED = sorted(FAMILIES)
+
+
+@functools.cache
+def _model(model_type):
+    return tiny_vision_lm(model_type)
+
+
+def _batch_of_one(example):
+    """The example as the model takes it alone: per-token fields gain a batch dim, vision fields stay as they are."""
+    return {key: value[None] if key in PER_TOKEN else value for key, value in example.items()}
+
+
+def _image_positions(model, example):
+    image_id = model.config.image_token_id
+    return (example["input_ids"] == image_id).nonzero().flatten()
+
+
+@pytest.mark.parametrize("model_type", COVERED)
+def test_examples_run_alone(model_type):
+    model = _model(model_type)
+    examples = tiny_vision_examples(model, count=3, images=(1, 2, 0))
+    assert [len(_image_positions(model, e)) > 0 for e in examples] == [True, True, False]
+    for example in examples:
+        length = example["input_ids"].numel()
+        for key in PER_TOKEN:
+            if key in example:
+                assert example[key].shape == (length,) and example[key].dtype == torch.int64, key
+        with torch.no_grad():
+            logits = model(**_batch_of_one(example)).logits
+        assert logits.shape == (1, length, VOCAB_SIZE)
+        assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("model_type", COVERED)
+def test_one_placeholder_fewer_is_refused_by_the_model(model_type):
+    model = _model(model_type)
+    example = tiny_vision_examples(model, count=1, images=(1,))[0]
+    drop = _image_positions(model, example)[-1]
+    keep = torch.arange(example["input_ids"].numel()) != drop
+    short = {key: value[keep] if key in PER_TOKEN else value for key, value in example.items()}
+    with torch.no_grad(), pytest.raises(ValueError):
+        model(**_batch_of_one(short))
+
+
+@pytest.mark.parametrize("model_type", COVERED)
+def test_examples_are_reproducible_from_their_seed(model_type):
+    model = _model(model_type)
+    first, again, other = (tiny_vision_examples(model, seed=s) for s in (0, 0, 1))
+    assert [sorted(e) for e in first] == [sorted(e) for e in again]
+    for a, b in zip(first, again, strict=True):
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+    assert any(not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, other, strict=True))
+    rebuilt = tiny_vision_lm(model_type)
+    for (name, p), q in zip(model.named_parameters(), rebuilt.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("model_type", COVERED)
+def test_token_ids_keep_to_their_ranges(model_type):
+    model = _model(model_type)
+    specials = [getattr(model.config, name) for name in special_token_names(model.config)]
+    assert specials and all(SPECIAL_BASE <= i < LAYOUT_BASE for i in specials)
+    for example in tiny_vision_examples(model):
+        text = example["labels"][example["labels"] != -100]
+        assert ((text >= TEXT_IDS[0]) & (text < TEXT_IDS[1])).all()
+        assert (example["input_ids"] < VOCAB_SIZE).all()
+
+
+def test_unknown_family_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"no tiny vision recipe; known: .*llava"):
+        tiny_vision_lm("not_a_family")
+
+
+def test_build_notes_name_only_families_without_a_recipe():
+    assert not set(TINY_BUILD_NOTES) & set(FAMILIES)
+    assert all(isinstance(reason, str) and reason for reason in TINY_BUILD_NOTES.values())
