@@ -183,6 +183,18 @@ def _idefics_tiles(config, ids, count, fields):
     return [*out, ids["newline"], fake, ids["global_img"], *image, fake]
 
 
+def _image_token_types(is_image: torch.Tensor, answer_length: int) -> torch.Tensor:
+    """`token_type_ids: (L,) int64`, 1 on image tokens (Gemma 3: images attend bidirectionally)."""
+    return is_image
+
+
+def _suffix_token_types(is_image: torch.Tensor, answer_length: int) -> torch.Tensor:
+    """`token_type_ids: (L,) int64`, 1 on the answer (PaliGemma: images and prompt form a bidirectional prefix)."""
+    types = torch.zeros_like(is_image)
+    types[types.numel() - answer_length :] = 1
+    return types
+
+
 _IDEFICS_LAYOUT = ("fake_token_around_image", "global_img", "newline", "row_1_col_1", "row_1_col_2")
 _IDEFICS = {
     "pixels": _tile_pixels,
@@ -194,6 +206,17 @@ _IDEFICS = {
 }
 _QWEN = {"pixels": _qwen_pixels, "merge": _cat, "sizes": ((4, 4), (4, 6), (8, 4), (2, 6))}  # patches; 2x2 merge
 _MROPE = {"mrope_section": [2, 3, 3]}  # sums to head_dim // 2 = 8
+_QWEN3 = {
+    **_QWEN,
+    "block": _wrapped("vision_start_token_id", "vision_end_token_id"),
+    "vision": {"patch_size": 4, "out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": [0]},
+    "text": {"rope_parameters": _MROPE},
+}
+_GLM4V = {
+    **_QWEN,
+    "block": _wrapped("image_start_token_id", "image_end_token_id"),
+    "vision": {"patch_size": 4, "image_size": 16, "out_hidden_size": 64},
+}
 
 FAMILIES: dict[str, _Family] = {
     "qwen2_vl": _Family(
@@ -207,6 +230,20 @@ FAMILIES: dict[str, _Family] = {
         block=_wrapped("vision_start_token_id", "vision_end_token_id"),
         vision={"patch_size": 4, "out_hidden_size": 64, "window_size": 16, "fullatt_block_indexes": [0]},
         text={"rope_parameters": _MROPE},
+    ),
+    "qwen3_vl": _Family(**_QWEN3),
+    "qwen3_vl_moe": _Family(**_QWEN3),
+    "glm4v": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
+    "glm4v_moe": _Family(**_GLM4V, text={"rope_parameters": {"mrope_section": [1, 1, 2]}}),  # rotary on half a head
+    "llava_next": _Family(
+        pixels=_anyres_pixels,
+        merge=_cat_padded,
+        block=_plain,
+        sizes=((32, 32), (32, 64), (64, 32), (48, 40)),
+        top={"image_grid_pinpoints": [[32, 64], [64, 32], [64, 64]], "image_seq_length": 16},
+    ),
+    "paligemma": _Family(
+        pixels=_square_pixels, merge=_cat, block=_plain, images_first=True, token_types=_suffix_token_types
     ),
     "gemma3": _Family(
         pixels=_square_pixels,
@@ -354,15 +391,3 @@ def tiny_vision_examples(
             example.update(family.merge(parts))
         examples.append(example)
     return examples
-
-
-def _image_token_types(is_image: torch.Tensor, answer_length: int) -> torch.Tensor:
-    """`token_type_ids: (L,) int64`, 1 on image tokens (Gemma 3: images attend bidirectionally)."""
-    return is_image
-
-
-def _suffix_token_types(is_image: torch.Tensor, answer_length: int) -> torch.Tensor:
-    """`token_type_ids: (L,) int64`, 1 on the answer (PaliGemma: images and prompt form a bidirectional prefix)."""
-    types = torch.zeros_like(is_image)
-    types[types.numel() - answer_length :] = 1
-    return types
