@@ -18,6 +18,12 @@ from .data import (
     pack_lengths,
 )
 from .modeling import prepare_model_for_flattening
+from .parallel import (
+    DataCollatorForSequenceParallel,
+    prepare_model_for_sequence_parallel,
+    sequence_parallel_loss,
+    split_for_sequence_parallel,
+)
 from .streaming import StreamingPacker, interleave
 from .training import normalized_loss
 
@@ -27,6 +33,7 @@ __all__ = [
     "IGNORE_INDEX",
     "CheckReport",
     "DataCollatorForCompletionOnlyLM",
+    "DataCollatorForSequenceParallel",
     "DataCollatorWithFlattening",
     "PackedDataset",
     "StreamingPacker",
@@ -43,5 +50,8 @@ __all__ = [
     "pack_dataset",
     "pack_lengths",
     "prepare_model_for_flattening",
+    "prepare_model_for_sequence_parallel",
     "run_throughput",
+    "sequence_parallel_loss",
+    "split_for_sequence_parallel",
 ]

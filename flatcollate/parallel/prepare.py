@@ -1,0 +1,102 @@
+"""`prepare_model_for_sequence_parallel`: a model prepared for flattened rows, whose rows are split over a group.
+
+The model is first prepared as for one process (`prepare_model_for_flattening`: packed backend, guard), then switched
+to the `flatcollate_sp` backend, and each attention layer is given the group it exchanges heads with. The guard then
+reads batches as slices: `input_ids` and `position_ids` hold this rank's tokens, `cu_seq_lens_q/k` the whole row.
+"""
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from transformers import PreTrainedModel
+
+from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, takes_packed_backend, unsupported_reason
+from .attention import (
+    SequenceParallelContext,
+    attach_context,
+    check_head_counts,
+    register_sequence_parallel_attention,
+)
+
+SHARD_ATTRIBUTE = "_flatcollate_sequence_shard"
+"""Attribute of a prepared model: `(rank, size)` in its sequence-parallel group, read by the forward's guard."""
+
+
+def sequence_parallel_mesh(sp_size: int, *, device_type: str = "cpu") -> DeviceMesh:
+    """A `("dp", "sp")` device mesh over every process: consecutive ranks form a sequence-parallel group.
+
+    With 8 processes and `sp_size=4`: groups `[0 1 2 3]` and `[4 5 6 7]` split rows, and the two groups train on
+    different rows (data parallelism over `mesh["dp"]`). Pass `mesh["sp"]` to `prepare_model_for_sequence_parallel`
+    and `mesh["dp"].get_local_rank()` to the data loader as its rank.
+
+    Args:
+        sp_size (`int`): ranks per sequence-parallel group; must divide the world size.
+        device_type (`str`): `"cpu"` (gloo) or `"cuda"` (nccl).
+    """
+    world = dist.get_world_size()
+    if sp_size < 1 or world % sp_size:
+        raise ValueError(
+            f"`sp_size`={sp_size} must divide the number of processes ({world}); launch a multiple of it "
+            "(e.g. `torchrun --nproc_per_node <dp * sp>`)."
+        )
+    return init_device_mesh(device_type, (world // sp_size, sp_size), mesh_dim_names=("dp", "sp"))
+
+
+def _group_of(group: dist.ProcessGroup | DeviceMesh) -> dist.ProcessGroup:
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            raise ValueError(
+                f"Pass a 1-D device mesh (the sequence-parallel dimension, e.g. `mesh['sp']`), got one of "
+                f"{group.ndim} dimensions {group.mesh_dim_names}."
+            )
+        return group.get_group()
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"`group` must be a torch.distributed ProcessGroup or a 1-D DeviceMesh, got {type(group).__name__}; "
+            "e.g. `sequence_parallel_mesh(sp_size)['sp']`."
+        )
+    return group
+
+
+def prepare_model_for_sequence_parallel(model: PreTrainedModel, group: dist.ProcessGroup | DeviceMesh):
+    """Make `model` train rows split over `group` exactly as one process trains the whole row.
+
+    Args:
+        model (`PreTrainedModel`): a decoder-only causal LM (or a PEFT model wrapping one); modified in place.
+        group (`ProcessGroup` or 1-D `DeviceMesh`): the sequence-parallel group; every rank of it must be given the
+            same rows, split by `split_for_sequence_parallel` with this rank and size.
+
+    Returns:
+        The same model, prepared.
+
+    Raises:
+        `ValueError` when its query or key/value heads do not split over the group, or when its family cannot run
+        the packed backend (its own backend kept, state-carrying layers, or not exact on flattened rows).
+    """
+    group = _group_of(group)
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    base = model
+    if not isinstance(model, PreTrainedModel) and callable(getattr(model, "get_base_model", None)):
+        base = model.get_base_model()
+    if not isinstance(base, PreTrainedModel):
+        raise TypeError(f"Expected a transformers `PreTrainedModel` (or a PEFT model), got {type(model).__name__}.")
+    config = base.config.get_text_config()
+    model_type = getattr(config, "model_type", "")
+    why = unsupported_reason(base)
+    if why is None and not takes_packed_backend(base):
+        why = "its attention layers do not dispatch through transformers' attention interface"
+    if why is None and model_type in SEGMENTED_MIXERS:
+        why = "its state-carrying layers pass a state along the row, which a slice per rank would cut"
+    if why is not None:
+        raise ValueError(
+            f"{type(base).__name__} ({model_type!r}) cannot train with sequence parallelism: {why}. Train it "
+            "without sequence parallelism (`prepare_model_for_flattening`)."
+        )
+    query_heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or query_heads
+    check_head_counts(query_heads, kv_heads, size, where=f"{type(base).__name__} ({model_type!r})")
+    prepare_model_for_flattening(base)
+    base.set_attn_implementation(register_sequence_parallel_attention())
+    if attach_context(base, SequenceParallelContext(group=group, rank=rank, size=size)) == 0:
+        raise ValueError(f"Found no attention layer (a module with `is_causal`) in {type(base).__name__}.")
+    setattr(base, SHARD_ATTRIBUTE, (rank, size))
+    return model
