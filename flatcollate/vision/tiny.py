@@ -42,6 +42,9 @@ TINY_VISION_SIZES = {
     "patch_size": 8,
 }
 
+# Projector widths kept at the composite config's top level.
+TINY_PROJECTOR_SIZES = {"alignment_intermediate_size": 64, "projector_hidden_size": 64}
+
 _SPECIAL_NAME = re.compile(r"(token_id|token_index)$")
 _NOT_MULTIMODAL = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "unk_token_id")
 
@@ -75,7 +78,8 @@ class _Family:
 def _square_pixels(model, size, generator):
     """`pixel_values: (1, C, H, W) float32` at the vision tower's fixed image size."""
     side = model.config.vision_config.image_size
-    return {"pixel_values": torch.randn(1, 3, side, side, generator=generator)}
+    height, width = side if isinstance(side, (list, tuple)) else (side, side)
+    return {"pixel_values": torch.randn(1, 3, height, width, generator=generator)}
 
 
 def _sized_pixels(model, size, generator):
@@ -103,6 +107,17 @@ def _qwen_pixels(model, size, generator):
     return {"pixel_values": torch.randn(h * w, width, generator=generator), "image_grid_thw": torch.tensor([[1, h, w]])}
 
 
+def _siglip2_pixels(model, size, generator):
+    """`pixel_values: (1, h * w, C * P * P)`, `pixel_attention_mask: (1, h * w) int64`, `spatial_shapes: (1, 2)`."""
+    patch = model.config.vision_config.patch_size
+    h, w = size  # in patches
+    return {
+        "pixel_values": torch.randn(1, h * w, 3 * patch * patch, generator=generator),
+        "pixel_attention_mask": torch.ones(1, h * w, dtype=torch.int64),
+        "spatial_shapes": torch.tensor([[h, w]]),
+    }
+
+
 def _tile_pixels(model, size, generator):
     """`pixel_values: (1, tiles, C, s, s)`, `pixel_attention_mask: (1, tiles, s, s) bool`; `size` = (rows, cols)."""
     side = model.config.vision_config.image_size
@@ -127,13 +142,17 @@ def _cat_tiles(parts):
 
 
 def _cat_padded(parts):
-    """Pixtral / LLaVA-NeXT: images zero-padded to the largest in every trailing dim, as the processors pad them."""
-    pixels = [p["pixel_values"] for p in parts]
-    shape = [max(sizes) for sizes in zip(*(p.shape[1:] for p in pixels), strict=True)]
-    padded = torch.zeros(len(pixels), *shape)
-    for i, p in enumerate(pixels):  # one copy per image
-        padded[(i, *(slice(0, s) for s in p.shape[1:]))] = p[0]
-    return {"pixel_values": padded, "image_sizes": torch.cat([p["image_sizes"] for p in parts])}
+    """Images zero-padded to the largest in every trailing dim, as the processors pad them (Pixtral, LLaVA-NeXT)."""
+    return {key: _pad_cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def _pad_cat(tensors):
+    """`(1, *dims)` tensors -> `(n, *max dims)`, zero (False) where a tensor is smaller."""
+    shape = [max(sizes) for sizes in zip(*(t.shape[1:] for t in tensors), strict=True)]
+    out = tensors[0].new_zeros(len(tensors), *shape)
+    for i, t in enumerate(tensors):  # one copy per image
+        out[(i, *(slice(0, s) for s in t.shape[1:]))] = t[0]
+    return out
 
 
 # ---- token block of one image -------------------------------------------------------------------------------------
@@ -148,10 +167,11 @@ def _plain(config, ids, count, fields):
 
 
 def _wrapped(start, end):
-    """`<start> <image> x count <end>`, with `start`/`end` naming config attributes."""
+    """`<start> <image> x count <end>`, with `start`/`end` naming config attributes or layout tokens."""
 
     def block(config, ids, count, fields):
-        return [getattr(config, start), *[_image_id(config)] * count, getattr(config, end)]
+        first, last = (getattr(config, name) if hasattr(config, name) else ids[name] for name in (start, end))
+        return [first, *[_image_id(config)] * count, last]
 
     return block
 
@@ -205,6 +225,7 @@ _IDEFICS = {
     "layout": _IDEFICS_LAYOUT,
 }
 _QWEN = {"pixels": _qwen_pixels, "merge": _cat, "sizes": ((4, 4), (4, 6), (8, 4), (2, 6))}  # patches; 2x2 merge
+_SQUARE = {"pixels": _square_pixels, "merge": _cat}
 _MROPE = {"mrope_section": [2, 3, 3]}  # sums to head_dim // 2 = 8
 _QWEN3 = {
     **_QWEN,
@@ -244,6 +265,33 @@ FAMILIES: dict[str, _Family] = {
     ),
     "paligemma": _Family(
         pixels=_square_pixels, merge=_cat, block=_plain, images_first=True, token_types=_suffix_token_types
+    ),
+    "aya_vision": _Family(
+        **_SQUARE, block=_wrapped("start_of_img", "end_of_img"), layout=("start_of_img", "end_of_img")
+    ),
+    "cohere2_vision": _Family(**_SQUARE, block=_wrapped("boi", "eoi"), layout=("boi", "eoi")),
+    "internvl": _Family(
+        **_SQUARE,
+        block=_wrapped("img_start", "img_end"),
+        layout=("img_start", "img_end"),
+        vision={"image_size": [32, 32], "patch_size": [8, 8]},
+        top={"image_seq_length": 4},
+    ),
+    "llava_onevision": _Family(
+        pixels=_anyres_pixels,
+        merge=_cat_padded,
+        block=_plain,
+        sizes=((32, 32), (32, 64), (64, 32), (48, 40)),
+        top={"image_grid_pinpoints": [[32, 32], [32, 64], [64, 32], [64, 64]]},
+    ),
+    "vipllava": _Family(**_SQUARE, block=_plain, top={"vision_feature_layers": [-2, -1]}),
+    "lfm2_vl": _Family(
+        pixels=_siglip2_pixels,
+        merge=_cat_padded,
+        block=_wrapped("image_start", "image_end"),
+        layout=("image_start", "image_end"),
+        sizes=((4, 4), (4, 6), (6, 2)),
+        vision={"num_patches": 16},
     ),
     "gemma3": _Family(
         pixels=_square_pixels,
@@ -302,8 +350,9 @@ def tiny_vision_config(model_type: str) -> PretrainedConfig:
     for name, value in {**TINY_VISION_SIZES, **family.vision}.items():
         if name in family.vision or getattr(vision, name, None) is not None:
             setattr(vision, name, value)
-    for name, value in family.top.items():
-        setattr(config, name, value)
+    for name, value in {**TINY_PROJECTOR_SIZES, **family.top}.items():
+        if name in family.top or getattr(config, name, None) is not None:
+            setattr(config, name, value)
     for offset, name in enumerate(special_token_names(config)):
         setattr(config, name, SPECIAL_BASE + offset)
     if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= VOCAB_SIZE:

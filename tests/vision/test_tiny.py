@@ -27,6 +27,12 @@ def _model(model_type):
     return tiny_vision_lm(model_type)
 
 
+@functools.cache
+def _examples(model_type):
+    """Three examples with 1, 2 and 0 images, shared by the tests of one family (the model is only read)."""
+    return tiny_vision_examples(_model(model_type), count=3, seed=0, images=(1, 2, 0))
+
+
 def _batch_of_one(example):
     """The example as the model takes it alone: per-token fields gain a batch dim, vision fields stay as they are."""
     return {key: value[None] if key in PER_TOKEN else value for key, value in example.items()}
@@ -40,7 +46,7 @@ def _image_positions(model, example):
 @pytest.mark.parametrize("model_type", COVERED)
 def test_examples_run_alone(model_type):
     model = _model(model_type)
-    examples = tiny_vision_examples(model, count=3, images=(1, 2, 0))
+    examples = _examples(model_type)
     assert [len(_image_positions(model, e)) > 0 for e in examples] == [True, True, False]
     for example in examples:
         length = example["input_ids"].numel()
@@ -56,7 +62,7 @@ def test_examples_run_alone(model_type):
 @pytest.mark.parametrize("model_type", COVERED)
 def test_one_placeholder_fewer_is_refused_by_the_model(model_type):
     model = _model(model_type)
-    example = tiny_vision_examples(model, count=1, images=(1,))[0]
+    example = _examples(model_type)[0]
     drop = _image_positions(model, example)[-1]
     keep = torch.arange(example["input_ids"].numel()) != drop
     short = {key: value[keep] if key in PER_TOKEN else value for key, value in example.items()}
@@ -67,7 +73,11 @@ def test_one_placeholder_fewer_is_refused_by_the_model(model_type):
 @pytest.mark.parametrize("model_type", COVERED)
 def test_examples_are_reproducible_from_their_seed(model_type):
     model = _model(model_type)
-    first, again, other = (tiny_vision_examples(model, seed=s) for s in (0, 0, 1))
+    first, again, other = (
+        _examples(model_type),
+        tiny_vision_examples(model, seed=0),
+        tiny_vision_examples(model, seed=1),
+    )
     assert [sorted(e) for e in first] == [sorted(e) for e in again]
     for a, b in zip(first, again, strict=True):
         for key in a:
@@ -83,7 +93,7 @@ def test_token_ids_keep_to_their_ranges(model_type):
     model = _model(model_type)
     specials = [getattr(model.config, name) for name in special_token_names(model.config)]
     assert specials and all(SPECIAL_BASE <= i < LAYOUT_BASE for i in specials)
-    for example in tiny_vision_examples(model):
+    for example in _examples(model_type):
         text = example["labels"][example["labels"] != -100]
         assert ((text >= TEXT_IDS[0]) & (text < TEXT_IDS[1])).all()
         assert (example["input_ids"] < VOCAB_SIZE).all()
