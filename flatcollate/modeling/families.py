@@ -32,8 +32,6 @@ UNSUPPORTED_FAMILIES: dict[str, str] = {
     "xlm": "it builds its own masks from lengths over the whole row, outside the attention interface",
     "trocr": "it derives positions from `input_ids` (ignoring `position_ids`) and masks the whole row",
     "cpmant": "its attention adds a position bias and segment mask over the whole row",
-    "qwen2_vl": "it takes 3-D rotary position ids of shape (3 or 4, B, T), not restarting 1-D positions",
-    "qwen2_5_vl": "it takes 3-D rotary position ids of shape (3 or 4, B, T), not restarting 1-D positions",
     "deepseek_v4": (
         "its compressed-attention layers summarise every `compress_rate` tokens of the row into extra keys, across "
         "sequence boundaries (measured with a sequence longer than its sliding window)"

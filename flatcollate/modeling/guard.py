@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
+from ..vision.positions import checked_multimodal_positions, rope_index_of
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
 from .families import row_length_limit
 
@@ -91,6 +92,17 @@ def _check_row_length(model, arguments: dict) -> None:
             )
 
 
+def _text_row(position_ids: torch.Tensor) -> torch.Tensor:
+    """The text positions `(B, T)` of multimodal-RoPE positions `(4, B, T)` (transformers puts them first)."""
+    if position_ids.shape[0] != 4:
+        raise ValueError(
+            f"`position_ids` of shape {tuple(position_ids.shape)} hold the 3-D rotary positions without the text row, "
+            "so the sequences of a flattened batch cannot be told apart from them. Leave `position_ids` out "
+            "(flatcollate computes them per sequence) or pass shape (4, 1, T), text row first."
+        )
+    return position_ids[0]
+
+
 def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Raise for arguments that would mix sequences; the completed `(args, kwargs)`, or None to keep them."""
     arguments = kwargs
@@ -121,11 +133,26 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
     changes = {}
     # A sequence-parallel rank holds a slice of the row: `(rank, size)`, set by `prepare_model_for_sequence_parallel`.
     shard = getattr(model, "_flatcollate_sequence_shard", None)
-    position_ids = check_boundaries(arguments, shard=shard)
-    if position_ids is not None:
-        changes["position_ids"] = position_ids
-    cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
     has_boundaries = any(arguments.get(key) is not None for key in _BOUNDARY_KEYS)
+    rope_index, given = model._flatcollate_rope_index, arguments.get("position_ids")
+    if rope_index is not None and isinstance(given, torch.Tensor) and given.dim() == 3:
+        # Multimodal-RoPE positions: the text row (first of four) says where sequences start. Three rows and no
+        # boundaries is an ordinary call, left as it is.
+        text_positions = _text_row(given) if has_boundaries or given.shape[0] == 4 else None
+        position_ids = (
+            None if text_positions is None else check_boundaries({**arguments, "position_ids": text_positions})
+        )
+    else:
+        position_ids, text_positions = check_boundaries(arguments, shard=shard), given
+    if position_ids is not None:
+        changes["position_ids"] = text_positions = position_ids
+    if (
+        rope_index is not None
+        and text_positions is not None
+        and is_flattened({**arguments, "position_ids": text_positions})
+    ):
+        changes["position_ids"] = checked_multimodal_positions(rope_index, arguments, text_positions)
+    cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
     if cache_by_default and not found and (has_boundaries or is_flattened(arguments)):
         # The config's default would build a cache, which turns off packed-sequence detection: a training batch needs
         # none, so a flattened batch runs without one (the config itself stays as saved).
@@ -161,6 +188,7 @@ class GuardHandle:
         vars(self._model).pop(GUARD_ATTRIBUTE, None)
 
 
+@torch.compiler.disable  # under `torch.compile`: checked eagerly, once per forward, never traced into the graph
 def _run_before_forward(model, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     changed = _check_arguments(model, args, kwargs)
     if changed is not None:
@@ -213,6 +241,7 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     """
     model._flatcollate_unsupported = unsupported
     model._flatcollate_row_limit = row_length_limit(model) if isinstance(model, PreTrainedModel) else None
+    model._flatcollate_rope_index = rope_index_of(model)
     existing = vars(model).get(GUARD_ATTRIBUTE)
     if existing is not None:
         return existing

@@ -5,6 +5,7 @@ import warnings
 from transformers import PreTrainedModel
 
 from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
+from ..vision.composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
 from .mask_patch import patch_mask_builders
@@ -72,7 +73,7 @@ def prepare_model_for_flattening(
         if attn_implementation == ATTN_IMPLEMENTATION:
             register_packed_attention()
         try:  # first, so that a backend that cannot be selected leaves the model as it was
-            model.set_attn_implementation(attn_implementation)
+            model.set_attn_implementation(per_sub_config(model, attn_implementation))
         except (ImportError, ValueError) as error:
             raise ValueError(
                 f"Cannot select attn_implementation={attn_implementation!r} for {type(model).__name__}: "
@@ -80,8 +81,9 @@ def prepare_model_for_flattening(
                 f"{ATTN_IMPLEMENTATION!r} (it uses flash-attn by itself where it is installed) or `None` to keep "
                 "the current backend."
             ) from error
-    if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+    if model.config.get_text_config()._attn_implementation != ATTN_IMPLEMENTATION:
         patch_mask_builders(model)
+    isolate_vision_towers(model)
     install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes
     if reason is None:
         segment_mixers(model)

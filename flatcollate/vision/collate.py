@@ -1,0 +1,144 @@
+"""`VisionDataCollatorWithFlattening`: flattened image-text batches from per-example processor outputs."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..collate.flattening import DataCollatorWithFlattening
+from .layouts import IMAGE_FIELDS, TOKEN_TYPE_FIELDS, VisionLayout, expected_placeholders, image_count
+
+
+class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
+    """Concatenates a mini-batch of image-text examples into one row, images in example order.
+
+    Each example is what the family's processor returns for that example alone: `input_ids` (image placeholders
+    already expanded), optional `labels` and masks, per-token type ids (`mm_token_type_ids` or `token_type_ids`, 1-D),
+    and its vision fields (`pixel_values`, `image_grid_thw`, `image_sizes`, `pixel_attention_mask`, ...). Text fields
+    are flattened as by `DataCollatorWithFlattening`; per-token type ids are concatenated like `input_ids`; vision
+    fields are concatenated in example order on their image dimension::
+
+        example 0   [t t <i i i i> t]          pixel_values (16, D)   image_grid_thw [[1 4 4]]
+        example 1   [t <i i> t t <i i> t]      pixel_values (16, D)   image_grid_thw [[1 2 4] [1 4 2]]
+        batch       [t t <i i i i> t | t <i i> t t <i i> t]
+                    pixel_values (32, D)       image_grid_thw [[1 4 4] [1 2 4] [1 4 2]]
+
+    Every example must hold exactly the placeholders its own images fill (counted per example where the family says
+    how many: grid families and fixed-count families); otherwise a surplus in one example and a shortfall in the next
+    would move an image into the wrong sequence without any error from the model.
+
+    Prepare the model with `flatcollate.prepare_model_for_flattening`: multimodal-RoPE families (Qwen2/2.5/3-VL,
+    GLM-4V) then get their 3-D positions per sequence from the model's own `get_rope_index`.
+
+    Args:
+        layout (`VisionLayout`, *optional*): the family's layout; `VisionDataCollatorWithFlattening.from_model(model)`
+            reads it from the model's config. Without one, vision fields are concatenated on dimension 0 and only the
+            presence of placeholders is checked.
+        kwargs: options of `DataCollatorWithFlattening`.
+
+    >>> collator = VisionDataCollatorWithFlattening(layout=VisionLayout(image_token_id=9, tokens_per_image=2))
+    >>> batch = collator([
+    ...     {"input_ids": [1, 9, 9, 2], "pixel_values": torch.zeros(1, 3, 4, 4)},
+    ...     {"input_ids": [3, 4]},
+    ...     {"input_ids": [9, 9, 5], "pixel_values": torch.ones(1, 3, 4, 4)},
+    ... ])
+    >>> batch["input_ids"].tolist(), batch["cu_seq_lens_q"].tolist(), tuple(batch["pixel_values"].shape)
+    ([[1, 9, 9, 2, 3, 4, 9, 9, 5]], [0, 4, 6, 9], (2, 3, 4, 4))
+    """
+
+    def __init__(self, *args, layout: VisionLayout | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.layout = layout if layout is not None else VisionLayout()
+
+    @classmethod
+    def from_model(cls, model, **kwargs) -> "VisionDataCollatorWithFlattening":
+        """A collator with the layout of `model`'s family (a model or its config; PEFT wrappers are read through)."""
+        config = getattr(model, "config", model)
+        kwargs.setdefault("vocab_size", getattr(config.get_text_config(), "vocab_size", None))
+        return cls(layout=VisionLayout.from_config(config), **kwargs)
+
+    def __call__(
+        self, features: Sequence[Mapping[str, Any]], return_tensors: str | None = None, separator_id: int | None = None
+    ) -> dict[str, Any]:
+        return_tensors = return_tensors or self.return_tensors
+        if isinstance(features, Mapping) or not isinstance(features, Sequence):
+            raise TypeError(f"features must be a list of examples (dicts), got {type(features).__name__}.")
+        text = [_without(feature, (*IMAGE_FIELDS, *TOKEN_TYPE_FIELDS)) for feature in features]
+        batch = super().__call__(text, return_tensors="np", separator_id=separator_id)
+        length = batch["input_ids"].shape[1]
+        for index, feature in enumerate(features):
+            self._check_placeholders(feature, index)
+        for field in TOKEN_TYPE_FIELDS:
+            if any(field in feature for feature in features):
+                batch[field] = _token_types(features, field, length)
+        for field in IMAGE_FIELDS:
+            if any(feature.get(field) is not None for feature in features):
+                batch[field] = self._images(features, field)
+        if return_tensors == "pt":
+            batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        return batch
+
+    def _check_placeholders(self, feature: Mapping, index: int) -> None:
+        layout = self.layout
+        ids = np.asarray(feature["input_ids"]).reshape(-1)
+        checks = ((False, layout.image_token_id, "pixel_values"), (True, layout.video_token_id, "pixel_values_videos"))
+        for video, token, field in checks:
+            if token is None:
+                continue
+            found = int((ids == token).sum())
+            expected = expected_placeholders(feature, layout, video=video)
+            images = image_count(feature, layout, field)
+            what = "videos" if video else "images"
+            if expected is None and (found > 0) != (images > 0):
+                expected = "some" if images else 0
+            if expected is not None and found != expected:
+                raise ValueError(
+                    f"Example {index}: `input_ids` hold {found} placeholder tokens (id {token}) but its {images} "
+                    f"{what} fill {expected}. Flattened, the features would land in another example's sequence. "
+                    "Process each example's text and images together (the processor expands the placeholders), and "
+                    "do not truncate inside an image."
+                )
+
+    def _images(self, features: Sequence[Mapping], field: str) -> np.ndarray:
+        layout = self.layout
+        axis = 1 if field in layout.batch_first else 0
+        parts = [np.asarray(_numpy(f[field])) for f in features if f.get(field) is not None]
+        if field in layout.padded:  # zeros after each image's extent, as the processor pads within one example
+            widest = np.max([part.shape for part in parts], axis=0)
+            parts = [np.pad(p, [(0, 0)] + [(0, int(w - n)) for w, n in zip(widest[1:], p.shape[1:])]) for p in parts]
+        shapes = {part.shape[:axis] + part.shape[axis + 1 :] for part in parts}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"`{field}` of the examples differ in shape beyond the image dimension ({sorted(shapes)}); they cannot "
+                "be concatenated. Process the images at one resolution, or pass the family's `layout` "
+                "(`VisionDataCollatorWithFlattening.from_model(model)`)."
+            )
+        return np.concatenate(parts, axis=axis)
+
+
+def _without(feature: Mapping, keys: tuple[str, ...]) -> dict:
+    if not isinstance(feature, Mapping):
+        return feature  # the base collator names the bad example
+    return {key: value for key, value in feature.items() if key not in keys}
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def _token_types(features: Sequence[Mapping], field: str, length: int) -> np.ndarray:
+    """`(1, T)` int64: the examples' per-token types back to back, 0 (text) on the row's padding."""
+    parts = []
+    for index, feature in enumerate(features):
+        ids = np.asarray(_numpy(feature["input_ids"])).reshape(-1)
+        value = feature.get(field)
+        types = np.zeros(len(ids), dtype=np.int64) if value is None else _numpy(value).reshape(-1).astype(np.int64)
+        if len(types) != len(ids):
+            raise ValueError(
+                f"Example {index}: `{field}` has {len(types)} entries but `input_ids` has {len(ids)}; pass the "
+                "processor's output for the example unchanged."
+            )
+        parts.append(types)
+    row = np.concatenate(parts)
+    return np.pad(row, (0, length - len(row)))[None]

@@ -1,0 +1,125 @@
+"""How each vision-language family lays out an example's images, and how many placeholder tokens each image fills.
+
+A processor expands every image of an example into placeholder tokens in `input_ids`; the model replaces them, in
+order, with the vision tower's features. Flattening concatenates the examples' images in example order, so the
+features still land on their own example's placeholders, provided every example holds exactly as many placeholders as
+its images fill. A surplus in one example and a shortfall in the next cancel in the model's own total check and move
+an image into the wrong sequence: the collator counts per example (`expected_placeholders`).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+GRID_FAMILIES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "paddleocr_vl"}
+)
+"""Families whose images fill `t * h / merge * w / merge` placeholders each (`image_grid_thw`)."""
+
+FIXED_COUNT_FAMILIES = frozenset({"llava", "vipllava", "paligemma", "gemma3", "llava_next_video"})
+"""Families whose every image fills the same number of placeholders (one feature map per image)."""
+
+BATCH_FIRST_FIELDS = {
+    "idefics2": ("pixel_values", "pixel_attention_mask"),
+    "idefics3": ("pixel_values", "pixel_attention_mask"),
+    "smolvlm": ("pixel_values", "pixel_attention_mask"),
+}
+"""Families whose processor returns images as `(batch, images, ...)`: an example's images sit on dimension 1."""
+
+PADDED_FIELDS = {
+    "llava_next": ("pixel_values",),
+    "llava_onevision": ("pixel_values",),
+    "mistral3": ("pixel_values",),
+    "lighton_ocr": ("pixel_values",),
+}
+"""Families whose processor zero-pads images to the batch's largest (LLaVA-NeXT: crops per image; Pixtral-based
+Mistral 3: height and width); the model reads each image's real extent from `image_sizes`, so the collator pads the
+examples' images to a common shape the same way."""
+
+IMAGE_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "image_sizes",
+    "pixel_attention_mask",
+    "image_position_ids",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
+"""Per-image (per-video) fields: concatenated in example order, never flattened per token."""
+
+TOKEN_TYPE_FIELDS = ("mm_token_type_ids", "token_type_ids")
+"""Per-token fields beside `input_ids`: concatenated like `input_ids`, 0 (text) on padding."""
+
+
+@dataclass(frozen=True)
+class VisionLayout:
+    """What the vision collator needs to know about a family.
+
+    Attributes:
+        image_token_id (`int`, *optional*): the image placeholder id (counts are checked when set).
+        video_token_id (`int`, *optional*): the video placeholder id.
+        merge_size (`int`, *optional*): spatial merge of grid families (`vision_config.spatial_merge_size`).
+        tokens_per_image (`int`, *optional*): placeholders of every image, for families with a fixed count.
+        same_count (`bool`): every image fills the same (unknown) number of placeholders; checked across the batch.
+        batch_first (`tuple[str, ...]`): fields laid out `(1, images, ...)` per example.
+        padded (`tuple[str, ...]`): fields padded on dimension 1 to concatenate.
+    """
+
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    merge_size: int | None = None
+    tokens_per_image: int | None = None
+    same_count: bool = False
+    batch_first: tuple[str, ...] = ()
+    padded: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, config) -> "VisionLayout":
+        """The layout of a family from its (composite) config.
+
+        >>> from transformers import AutoConfig
+        >>> VisionLayout.from_config(AutoConfig.for_model("qwen2_vl")).merge_size
+        2
+        """
+        family = config.model_type
+        image = getattr(config, "image_token_id", None)
+        image = getattr(config, "image_token_index", None) if image is None else image
+        vision = getattr(config, "vision_config", None)
+        merge = getattr(vision, "spatial_merge_size", None) if family in GRID_FAMILIES else None
+        return cls(
+            image_token_id=image,
+            video_token_id=getattr(config, "video_token_id", None),
+            merge_size=merge,
+            tokens_per_image=getattr(config, "mm_tokens_per_image", None) if family == "gemma3" else None,
+            same_count=family in FIXED_COUNT_FAMILIES,
+            batch_first=BATCH_FIRST_FIELDS.get(family, ()),
+            padded=PADDED_FIELDS.get(family, ()),
+        )
+
+
+def image_count(example: Mapping, layout: VisionLayout, field: str = "pixel_values") -> int:
+    """Number of images (or crops) an example holds, from its `pixel_values` (0 when it has none)."""
+    value = example.get(field)
+    if value is None:
+        return 0
+    if layout.merge_size is not None:  # grid families: one row of `*_grid_thw` per image
+        grid = example.get("image_grid_thw" if field == "pixel_values" else "video_grid_thw")
+        return 0 if grid is None else int(np.asarray(grid).reshape(-1, 3).shape[0])
+    shape = np.shape(value)
+    return int(shape[1]) if field in layout.batch_first else int(shape[0])
+
+
+def expected_placeholders(example: Mapping, layout: VisionLayout, *, video: bool = False) -> int | None:
+    """Placeholders the example's images (videos) fill, or None where the family does not say."""
+    if layout.merge_size is not None:
+        grid = example.get("video_grid_thw" if video else "image_grid_thw")
+        if grid is None:
+            return 0
+        return int(np.asarray(grid).reshape(-1, 3).prod(-1).sum()) // layout.merge_size**2
+    if video:
+        return None
+    if layout.tokens_per_image is not None:
+        return image_count(example, layout) * layout.tokens_per_image
+    return None
