@@ -1,5 +1,6 @@
 """Train a tiny causal LM with sequence parallelism: every flattened row split over a group of processes.
 
+    python examples/accelerate/sequence_parallel_train.py                     # one process: a group of one
     ACCELERATE_USE_CPU=true torchrun --nproc_per_node 2 examples/accelerate/sequence_parallel_train.py   # gloo, CPU
     ACCELERATE_USE_CPU=true torchrun --nproc_per_node 4 examples/accelerate/sequence_parallel_train.py \\
         --sp-size 2                                               # 2 groups of 2: data parallel over the groups
@@ -83,6 +84,9 @@ def gathered_logits(logits: torch.Tensor, group: dist.ProcessGroup, size: int, t
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     accelerator = Accelerator()
+    alone = not dist.is_initialized()
+    if alone:  # `python ...`: a gloo group of one process, so that the same code runs
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     world_size = accelerator.num_processes
     mesh = sequence_parallel_mesh(args.sp_size or world_size, device_type=accelerator.device.type)
     sp_size, sp_rank, group = mesh["sp"].size(), mesh["sp"].get_local_rank(), mesh["sp"].get_group()
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.save(result, args.output / "result.pt")
     accelerator.wait_for_everyone()
     del model, optimizer
-    accelerator.end_training()
+    accelerator.end_training()  # also ends the group of one
     return result
 
 
