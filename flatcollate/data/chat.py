@@ -130,12 +130,17 @@ class ChatRenderer:
             **self.template_kwargs,
         )
 
+    def _probe_content(self, text: str):
+        """A probe message's content: plain text here; a processor's renderer gives a list of text parts."""
+        return text
+
     def _probe(self) -> tuple[str, str]:
         """What the template writes right before a reply (its generation prompt) and right after one (end of turn)."""
-        user = {"role": "user", "content": _PROBE_USER}
-        for head in ([], [{"role": "system", "content": "flatcollate probe system"}]):
+        user = {"role": "user", "content": self._probe_content(_PROBE_USER)}
+        for head in ([], [{"role": "system", "content": self._probe_content("flatcollate probe system")}]):
             try:
-                whole = self.render([*head, user, {"role": "assistant", "content": _PROBE_REPLY}])
+                reply = {"role": "assistant", "content": self._probe_content(_PROBE_REPLY)}
+                whole = self.render([*head, user, reply])
                 prompt = self.render([*head, user])
                 with_header = self.render([*head, user], add_generation_prompt=True)
             except jinja2.TemplateError:
