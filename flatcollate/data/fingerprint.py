@@ -1,8 +1,9 @@
 """A fingerprint of everything that decides an encoder's output, for naming cached tokenized datasets.
 
 The key covers the tokenizer (class, vocabulary and merges, added and special tokens and which role each plays), the
-chat template text and its variables, every encoder option (the resolved prompt template, not its name or path),
-`on_error`, and the flatcollate version. Changing any of them gives a new cache file; the same settings reuse it.
+chat template text and its variables, a processor's class and settings, every encoder option (the resolved prompt
+template, not its name or path), `on_error`, and the flatcollate version. Changing any of them gives a new cache
+file; the same settings reuse it.
 """
 
 import dataclasses
@@ -30,9 +31,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def encoder_fingerprint(encoder: Encoder) -> str:
     """Hash of an encoder's settings and its tokenizer's fingerprint, with the flatcollate version."""
     from .. import __version__  # the package defines it after importing this subpackage
-    skip = ("tokenizer", "chat")
+    skip = ("tokenizer", "chat", "processor")
     options = {f.name: getattr(encoder, f.name) for f in dataclasses.fields(encoder) if f.name not in skip}
     chat = None
     if encoder.chat is not None:
         chat = [encoder.chat.chat_template, encoder.chat.template_kwargs]
-    return Hasher.hash([__version__, options, chat, tokenizer_fingerprint(encoder.tokenizer)])
+    parts = [__version__, options, chat, tokenizer_fingerprint(encoder.tokenizer)]
+    processor = getattr(encoder, "processor", None)
+    if processor is not None:  # its class and settings (image processor, token counts); the tokenizer is above
+        parts.append([type(processor).__name__, processor.to_json_string()])
+    return Hasher.hash(parts)
