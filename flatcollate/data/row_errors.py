@@ -18,6 +18,11 @@
 | `template_error`         | was refused by the chat template (e.g. roles that do not alternate)              |
 | `template_drops_content` | has a message the chat template does not render, or renders out of order         |
 | `nothing_to_train`       | renders no token inside an assistant reply                                       |
+| `image_count`            | has a different number of `{"type": "image"}` parts and images                   |
+| `missing_image`          | names an image file that does not exist                                          |
+| `bad_image`              | has an image that is not an image, path or image dict, or a file PIL cannot read |
+| `image_in_reply`         | has an image part in an assistant message                                        |
+| `processor_error`        | was refused by the processor (e.g. an image too narrow for its patch grid)       |
 """
 
 from dataclasses import dataclass
