@@ -23,6 +23,7 @@ from datasets.fingerprint import Hasher
 from .encode import build_encoder
 from .fingerprint import encoder_fingerprint
 from .row_errors import SkippedRow
+from .vision_encode import VisionEncoder
 
 logger = logging.getLogger(__name__)
 _SHOWN = 5  # row indices and messages kept per skip reason
@@ -138,7 +139,8 @@ def make_supervised_dataset(
     """Tokenize raw supervised data into `input_ids` and `labels` (prompt tokens -100), shuffled (seed 42) by default.
 
     Args:
-        tokenizer (`PreTrainedTokenizerFast`).
+        tokenizer (`PreTrainedTokenizerFast` or `ProcessorMixin`): a processor (with an image processor) also encodes
+            the images of `"messages"` rows (`flatcollate.data.vision_encode`).
         data (path, `datasets.Dataset`, or a list of them): sources, concatenated in order.
         seed (`int`, *optional*, defaults to 42): the rows are shuffled with this seed after encoding; `None` keeps
             the sources' order.
@@ -155,6 +157,9 @@ def make_supervised_dataset(
 
     Returns:
         `datasets.Dataset` with `input_ids` and `labels` (lists of int, equal lengths per row); other columns removed.
+        With a processor, also its per-token fields (`mm_token_type_ids` or `token_type_ids`, lists of int) and
+        vision fields (`pixel_values`, `image_grid_thw`, ...) as nested lists, `None` in rows without images;
+        `dataset.with_format("torch")` (or `"numpy"`) gives them back as the processor's arrays for one row.
         With `return_stats=True`, `(dataset, EncodeStats)`.
     """
     sources = data if isinstance(data, list | tuple) else [data]
@@ -162,15 +167,19 @@ def make_supervised_dataset(
         raise ValueError("data is empty; pass a path, a datasets.Dataset, or a list of them.")
     dataset = datasets.concatenate_datasets([load_source(s) for s in sources])
     encoder = build_encoder(tokenizer, on_error=on_error, **encoder_options)
+    # A processor's encoder adds its per-token and vision fields; a row without them (no images) stores None.
+    extra = encoder.vision_features() if isinstance(encoder, VisionEncoder) else datasets.Features()
 
     def encode_batch(batch: dict, indices: list[int]) -> dict:
         rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
         # One encoder call per row: templates and tokenizers work on whole examples.
         encoded = [encoder(row, index=i) for row, i in zip(rows, indices, strict=True)]
         skips = [e if isinstance(e, SkippedRow) else None for e in encoded]
+        columns = {key: [None if s else e.get(key) for e, s in zip(encoded, skips, strict=True)] for key in extra}
         return {
             "input_ids": [[] if s else e["input_ids"] for e, s in zip(encoded, skips, strict=True)],
             "labels": [[] if s else e["labels"] for e, s in zip(encoded, skips, strict=True)],
+            **columns,
             "skip_reason": [s.reason if s else "" for s in skips],
             "skip_message": [s.message if s else "" for s in skips],
         }
@@ -188,7 +197,7 @@ def make_supervised_dataset(
         batch_size=batch_size,
         with_indices=True,
         remove_columns=dataset.column_names,
-        features=_FEATURES,
+        features=datasets.Features({**_FEATURES, **extra}),
         new_fingerprint=key,
         num_proc=num_proc,
         cache_file_name=cache_file,

@@ -1,0 +1,328 @@
+"""Conversations with images through a processor: ids equal the processor's own, labels equal slow references.
+
+Processors are built offline from the Qwen2.5 tokenizer: Qwen2-VL (a placeholder per merged patch, so the count
+depends on the image size), LLaVA (a fixed count) and Gemma 3 (a fixed count inside text the processor adds), each with
+a small chat template written here. References: rendering each reply's prefix conversation through the processor and
+diffing token counts, and the processor's own `{% generation %}` mask.
+"""
+
+import pickle
+
+import datasets
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from transformers import (
+    AutoTokenizer,
+    CLIPImageProcessorPil,
+    Gemma3ImageProcessorPil,
+    Gemma3Processor,
+    LlavaProcessor,
+    Qwen2VLImageProcessorPil,
+    Qwen2VLProcessor,
+)
+
+from flatcollate.data import RowError, SkippedRow, build_encoder, make_supervised_dataset
+from flatcollate.data.vision_encode import TOKEN_FIELDS, VisionEncoder
+
+SIZES = [(56, 56), (28, 84), (84, 28), (60, 45), (112, 56), (30, 30)]  # (height, width)
+WORDS = ["the", "a", "cat", "sat", "on", "mat", "red", "blue", "big", "why", "how", "photo", "shows", "two", "dogs"]
+
+
+def chat_template(placeholder: str, *, generation: bool = False) -> str:
+    """A ChatML template writing `placeholder` for each image part; with `generation`, replies are marked."""
+    content = (
+        "{%- if message['content'] is string -%}{{ message['content'] }}"
+        "{%- else -%}{%- for part in message['content'] -%}"
+        "{%- if part['type'] == 'image' -%}{{ '" + placeholder + "' }}"
+        "{%- elif part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}"
+        "{%- endfor -%}{%- endif -%}"
+    )
+    start, end = ("{%- generation -%}", "{%- endgeneration -%}") if generation else ("", "")
+    return (
+        "{%- for message in messages -%}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{%- if message['role'] == 'assistant' -%}"
+        + start
+        + content
+        + "{{ '<|im_end|>\\n' }}"
+        + end
+        + "{%- else -%}"
+        + content
+        + "{{ '<|im_end|>\\n' }}{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+    )
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """Qwen2-VL's processor without its video slot (whose processor class needs torchvision)."""
+
+    @classmethod
+    def get_attributes(cls):
+        return ["image_processor", "tokenizer"]
+
+
+def qwen_tokenizer(tokenizer_dir, **kwargs):
+    return AutoTokenizer.from_pretrained(tokenizer_dir("qwen2.5-instruct"), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def processors(tokenizer_dir):
+    qwen = ImageOnlyQwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=2 * 56 * 56),
+        tokenizer=qwen_tokenizer(tokenizer_dir),
+        chat_template=chat_template("<|vision_start|><|image_pad|><|vision_end|>"),
+    )
+    llava_tokenizer = qwen_tokenizer(tokenizer_dir)
+    llava_tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    llava = LlavaProcessor(
+        image_processor=CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
+        tokenizer=llava_tokenizer,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        chat_template=chat_template("<image>"),
+    )
+    gemma_tokens = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    gemma = Gemma3Processor(
+        image_processor=Gemma3ImageProcessorPil(size={"height": 28, "width": 28}),
+        tokenizer=qwen_tokenizer(tokenizer_dir, extra_special_tokens=gemma_tokens),
+        image_seq_length=5,
+        chat_template=chat_template("<start_of_image>"),
+    )
+    return {"qwen2_vl": qwen, "llava": llava, "gemma3": gemma}
+
+
+def random_image(rng, size, mode="RGB"):
+    pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+    return PIL.Image.fromarray(pixels).convert(mode)
+
+
+def random_row(rng, *, as_parts=True):
+    """A conversation of 1-3 exchanges; each user turn has 0-2 images around its text; sometimes a system turn."""
+    text = lambda: " ".join(rng.choice(WORDS, rng.integers(1, 6)))  # noqa: E731
+    system = [{"type": "text", "text": "Describe images."}] if as_parts else "Describe images."
+    messages = [{"role": "system", "content": system}] if rng.random() < 0.3 else []
+    images = []
+    for _ in range(rng.integers(1, 4)):
+        parts = [{"type": "text", "text": text().capitalize() + "?"}]
+        for _ in range(rng.integers(0, 3)):
+            parts.insert(int(rng.integers(0, len(parts) + 1)), {"type": "image"})
+            images.append(random_image(rng, SIZES[rng.integers(len(SIZES))]))
+        reply = text().capitalize() + "."
+        messages.append({"role": "user", "content": parts})
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": reply}] if as_parts else reply})
+    return {"messages": messages, "images": images}
+
+
+def processor_ids(processor, text, images):
+    return processor(text=[text], images=[images] if images else None)["input_ids"][0]
+
+
+def prefix_reference(processor, messages, images):
+    """Slow reference: a reply's tokens lie between the processed conversation before it (with the generation
+    prompt) and the conversation through it; each prefix is rendered and processed on its own."""
+    full = processor_ids(processor, processor.apply_chat_template(messages), images)
+    labels, used = [-100] * len(full), 0
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            parts = [] if isinstance(message["content"], str) else message["content"]
+            used += [part["type"] for part in parts].count("image")
+            continue
+        before = processor_ids(
+            processor, processor.apply_chat_template(messages[:k], add_generation_prompt=True), images[:used]
+        )
+        through = processor_ids(processor, processor.apply_chat_template(messages[: k + 1]), images[:used])
+        assert list(full[: len(through)]) == list(through) and list(through[: len(before)]) == list(before)
+        labels[len(before) : len(through)] = full[len(before) : len(through)]
+    return labels
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+def test_ids_and_vision_fields_equal_the_processor(processors, family):
+    processor = processors[family]
+    encoder = build_encoder(processor, format="messages")
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        row = random_row(rng, as_parts=i % 2 == 0)
+        out = encoder(row, index=i)
+        text = processor.apply_chat_template(row["messages"])
+        reference = processor(text=[text], images=[row["images"]] if row["images"] else None)
+        assert set(out) == {k for k in reference if k != "attention_mask"} | {"labels"}
+        assert out["input_ids"] == list(reference["input_ids"][0])
+        for key in set(out) - {"input_ids", "labels"}:  # per-token fields come back 1-D, vision fields as they are
+            expected = reference[key][0] if key in TOKEN_FIELDS else reference[key]
+            np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(expected))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+def test_labels_equal_the_prefix_reference(processors, family):
+    processor = processors[family]
+    encoder = build_encoder(processor, format="messages")
+    rng = np.random.default_rng(1)
+    for i in range(10):
+        row = random_row(rng, as_parts=i % 2 == 1)
+        assert encoder(row, index=i)["labels"] == prefix_reference(processor, row["messages"], row["images"])
+
+
+def test_labels_equal_the_generation_mask(processors):
+    processor = processors["qwen2_vl"]
+    encoder = build_encoder(processor, format="messages")
+    rng = np.random.default_rng(2)
+    for i in range(10):
+        row = random_row(rng)
+        out = encoder(row, index=i)
+        marked = processor.apply_chat_template(
+            row["messages"],
+            chat_template=chat_template("<|vision_start|><|image_pad|><|vision_end|>", generation=True),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            processor_kwargs={"images": row["images"]} if row["images"] else None,
+        )
+        assert out["input_ids"] == list(marked["input_ids"][0])
+        assert out["labels"] == np.where(np.asarray(marked["assistant_masks"][0]) == 1, out["input_ids"], -100).tolist()
+
+
+def test_every_placeholder_is_untrained_and_counted_by_the_grid(processors):
+    processor = processors["qwen2_vl"]
+    encoder = build_encoder(processor, format="messages")
+    rng = np.random.default_rng(3)
+    for i in range(10):
+        out = encoder(random_row(rng), index=i)
+        ids, labels = np.asarray(out["input_ids"]), np.asarray(out["labels"])
+        pads = ids == processor.image_token_id
+        grid = out.get("image_grid_thw", np.zeros((0, 3), dtype=np.int64))
+        assert pads.sum() == (grid.prod(axis=1) // 4).sum()
+        assert (labels[pads] == -100).all() and (np.asarray(out["mm_token_type_ids"]) == pads).all()
+
+
+def test_paths_bytes_and_modes_equal_rgb_images(processors, tmp_path):
+    rng = np.random.default_rng(4)
+    encoder = build_encoder(processors["qwen2_vl"], format="messages")
+    modes = ["RGB", "L", "RGBA", "P", "CMYK"]  # CMYK as JPEG, the others as PNG
+    paths = [tmp_path / f"image{k}.{'jpg' if mode == 'CMYK' else 'png'}" for k, mode in enumerate(modes)]
+    for path, size, mode in zip(paths, SIZES, modes, strict=False):
+        random_image(rng, size, mode).save(path)
+    as_given = [str, lambda p: p, lambda p: {"bytes": p.read_bytes(), "path": None}, lambda p: {"path": str(p)}]
+    sources = [as_given[k % 4](path) for k, path in enumerate(paths)]
+    loaded = [PIL.Image.open(path).convert("RGB") for path in paths]
+    parts = [{"type": "image"}] * len(paths) + [{"type": "text", "text": "What are these?"}]
+    messages = [{"role": "user", "content": parts}, {"role": "assistant", "content": "Five squares."}]
+    from_files = encoder({"messages": messages, "images": sources}, index=0)
+    from_pil = encoder({"messages": messages, "images": loaded}, index=0)
+    assert from_files["input_ids"] == from_pil["input_ids"] and from_files["labels"] == from_pil["labels"]
+    np.testing.assert_array_equal(from_files["pixel_values"], from_pil["pixel_values"])
+
+
+def one_image_row(image):
+    parts = [{"type": "image"}, {"type": "text", "text": "What is it?"}]
+    return {
+        "messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "A cat."}],
+        "images": [image],
+    }
+
+
+def bad_rows(tmp_path):
+    """(row, reason, words the message must hold) for each way a row with images can be wrong."""
+    image = PIL.Image.new("RGB", (56, 56))
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("not pixels")
+    extra_part = one_image_row(image)
+    extra_part["messages"][0]["content"].append({"type": "image"})
+    in_reply = one_image_row(image)
+    in_reply["messages"][1]["content"] = [{"type": "image"}, {"type": "text", "text": "A cat."}]
+    video = one_image_row(image)
+    video["messages"][0]["content"][0] = {"type": "video"}
+    return [
+        (extra_part, "image_count", ["2 {'type': 'image'} parts", "1 images in field 'images'"]),
+        ({**one_image_row(image), "images": [image, image]}, "image_count", ["but 2 images"]),
+        ({**one_image_row(image), "images": None}, "image_count", ["but 0 images"]),
+        (one_image_row(str(tmp_path / "missing.png")), "missing_image", ["image 0", "missing.png", "fix the path"]),
+        (one_image_row(42), "bad_image", ["image 0 is a int", "datasets.Image()"]),
+        (one_image_row(str(not_an_image)), "bad_image", ["image 0 cannot be read", "notes.png"]),
+        (in_reply, "image_in_reply", ["message 1 (assistant), part 0", "move it into the user turn"]),
+        (video, "bad_message", ["message 0, part 0", "'video'"]),
+        (one_image_row(PIL.Image.new("RGB", (6000, 20))), "processor_error", ["the processor refused the row"]),
+        ({"prompt": "q", "completion": "a", "images": [image]}, "unknown_format", ["field 'images' holds images"]),
+    ]
+
+
+def test_bad_rows_raise_naming_row_and_field_or_are_skipped(processors, tmp_path):
+    raising = build_encoder(processors["qwen2_vl"])
+    skipping = build_encoder(processors["qwen2_vl"], on_error="skip")
+    for row, reason, words in bad_rows(tmp_path):
+        with pytest.raises(RowError) as caught:
+            raising(row, index=3)
+        assert caught.value.reason == reason and "row 3" in str(caught.value), str(caught.value)
+        assert all(w in str(caught.value) for w in words), str(caught.value)
+        assert skipping(row, index=3) == SkippedRow(3, reason, str(caught.value))
+    with pytest.raises(TypeError):  # a non-image object is also a TypeError, like other wrong types
+        raising(one_image_row(42), index=0)
+
+
+def test_templates_without_images_or_processors_without_templates_are_refused(processors):
+    processor = processors["qwen2_vl"]
+    drops_images = chat_template("")
+    with pytest.raises(RowError, match="writes 0 image placeholders '<\\|image_pad\\|>' for 1 image parts") as caught:
+        build_encoder(processor, chat_template=drops_images)(one_image_row(PIL.Image.new("RGB", (56, 56))), index=0)
+    assert caught.value.reason == "template_drops_content"
+    bare = ImageOnlyQwen2VLProcessor(image_processor=processor.image_processor, tokenizer=processor.tokenizer)
+    with pytest.raises(ValueError, match="has no chat template; pass chat_template="):
+        build_encoder(bare, format="messages")
+    with pytest.raises(RowError, match="row 5 is a conversation but the processor has no chat template") as caught:
+        build_encoder(bare)(one_image_row(PIL.Image.new("RGB", (56, 56))), index=5)
+    assert caught.value.reason == "no_chat_template"
+    with pytest.raises(TypeError, match="processor_kwargs= applies to a processor"):
+        build_encoder(processor.tokenizer, processor_kwargs={"max_pixels": 10})
+
+
+def test_processor_kwargs_reach_the_processor_and_the_encoder_pickles(processors):
+    processor = processors["qwen2_vl"]
+    row = one_image_row(PIL.Image.new("RGB", (112, 112)))
+    big = build_encoder(processor, processor_kwargs={"size": {"shortest_edge": 28 * 28, "longest_edge": 112 * 112}})
+    small = pickle.loads(pickle.dumps(build_encoder(processor)))
+    assert isinstance(small, VisionEncoder)
+    assert big(row)["image_grid_thw"].tolist() == [[1, 8, 8]] and small(row)["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_make_supervised_dataset_with_an_image_column(processors, tmp_path):
+    processor = processors["qwen2_vl"]
+    rng = np.random.default_rng(5)
+    rows = [random_row(rng) for _ in range(6)]
+    rows[2]["images"] = rows[2]["images"][:-1] if rows[2]["images"] else [PIL.Image.new("RGB", (56, 56))]  # bad
+    text_only = [
+        {"role": "user", "content": [{"type": "text", "text": "Hi?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+    ]
+    rows[4] = {"messages": text_only, "images": []}
+    features = datasets.Features(
+        {
+            "messages": datasets.List(
+                {
+                    "role": datasets.Value("string"),
+                    "content": datasets.List({"type": datasets.Value("string"), "text": datasets.Value("string")}),
+                }
+            ),
+            "images": datasets.List(datasets.Image()),
+        }
+    )
+    source = datasets.Dataset.from_list(rows, features=features)
+    ds, stats = make_supervised_dataset(
+        processor, source, seed=None, on_error="skip", cache_dir=tmp_path, return_stats=True
+    )
+    assert stats.skipped == {"image_count": 1} and stats.first_skipped == {"image_count": [2]}
+    assert ds.column_names == ["input_ids", "labels", "mm_token_type_ids", "pixel_values", "image_grid_thw"]
+    encoder = build_encoder(processor)
+    kept = ds.with_format("torch")
+    for k, i in enumerate([0, 1, 3, 4, 5]):
+        expected = encoder(source[i], index=i)
+        got = kept[k]
+        assert got["input_ids"].tolist() == expected["input_ids"] and got["labels"].tolist() == expected["labels"]
+        if "pixel_values" not in expected:
+            assert got["pixel_values"] is None and got["image_grid_thw"] is None
+            continue
+        assert got["pixel_values"].dtype == torch.float32 and got["image_grid_thw"].dtype == torch.int64
+        torch.testing.assert_close(got["pixel_values"], torch.from_numpy(expected["pixel_values"]), rtol=0, atol=0)
+        torch.testing.assert_close(got["image_grid_thw"], torch.from_numpy(expected["image_grid_thw"]))
+    again = make_supervised_dataset(processor, source, seed=None, on_error="skip", cache_dir=tmp_path)
+    assert again.cache_files == ds.cache_files  # same processor and options: the cached file is read back
