@@ -22,6 +22,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import capabilities
+from .bidirectional_blocks import BLOCKS_KEY, block_kernel
 from .kernels import KERNELS
 from .packed_segments import segments_from_kwargs, split_into_chunks
 
@@ -97,6 +98,10 @@ def packed_attention_forward(
     window = kwargs.get("sliding_window")
     scale = head_dim**-0.5 if scaling is None else scaling
     q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value))
+    blocks = kwargs.get(BLOCKS_KEY)
+    if blocks is not None:  # image tokens attend to their own image both ways (Gemma 3): masked, per sequence
+        out = block_kernel(q, k, v, segments, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
+        return out.reshape(batch, length, heads, value.shape[-1]), None
     name = select_kernel(q, softcap=softcap, dropout=dropout, sinks=sinks is not None) if backend == "auto" else backend
     if name not in KERNELS:
         raise ValueError(f"Unknown packed attention backend {name!r}; choose `auto` or one of {sorted(KERNELS)}.")

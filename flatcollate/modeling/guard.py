@@ -16,6 +16,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
+from ..attention.bidirectional_blocks import BLOCK_TOKEN_TYPE, BLOCKS_KEY, block_ids
+from ..attention.packed_segments import position_starts
 from ..vision.positions import checked_multimodal_positions, rope_index_of
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
 from .families import row_length_limit
@@ -152,6 +154,11 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
         and is_flattened({**arguments, "position_ids": text_positions})
     ):
         changes["position_ids"] = checked_multimodal_positions(rope_index, arguments, text_positions)
+    block_type = BLOCK_TOKEN_TYPE.get(getattr(model.config, "model_type", None))
+    token_types = arguments.get("token_type_ids")
+    if block_type is not None and token_types is not None and (has_boundaries or is_flattened(arguments)):
+        positions = changes.get("position_ids", arguments.get("position_ids"))
+        changes[BLOCKS_KEY] = block_ids(token_types, position_starts(positions), block_type)
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
     if cache_by_default and not found and (has_boundaries or is_flattened(arguments)):
         # The config's default would build a cache, which turns off packed-sequence detection: a training batch needs

@@ -106,7 +106,10 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         parts = [np.asarray(_numpy(f[field])) for f in features if f.get(field) is not None]
         if field in layout.padded:  # zeros after each image's extent, as the processor pads within one example
             widest = np.max([part.shape for part in parts], axis=0)
-            parts = [np.pad(p, [(0, 0)] + [(0, int(w - n)) for w, n in zip(widest[1:], p.shape[1:])]) for p in parts]
+            parts = [
+                np.pad(p, [(0, 0), *((0, int(w - n)) for w, n in zip(widest[1:], p.shape[1:], strict=True))])
+                for p in parts
+            ]
         shapes = {part.shape[:axis] + part.shape[axis + 1 :] for part in parts}
         if len(shapes) > 1:
             raise ValueError(

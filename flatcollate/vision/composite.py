@@ -11,8 +11,9 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
+from ..attention.bidirectional_blocks import BLOCKS_KEY
 
-TEXT_ROW_KEYS = (*FLASH_KWARG_KEYS, "seq_idx")
+TEXT_ROW_KEYS = (*FLASH_KWARG_KEYS, "seq_idx", BLOCKS_KEY)
 """Arguments that describe the flattened text row; a vision tower never receives them."""
 
 _HOOKED = "_flatcollate_vision_hook"
