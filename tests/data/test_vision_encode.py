@@ -25,6 +25,8 @@ from transformers import (
 
 from flatcollate.data import RowError, SkippedRow, build_encoder, make_supervised_dataset
 from flatcollate.data.vision_encode import TOKEN_FIELDS, VisionEncoder
+from flatcollate.vision.collate import VisionDataCollatorWithFlattening
+from flatcollate.vision.layouts import VisionLayout
 
 SIZES = [(56, 56), (28, 84), (84, 28), (60, 45), (112, 56), (30, 30)]  # (height, width)
 WORDS = ["the", "a", "cat", "sat", "on", "mat", "red", "blue", "big", "why", "how", "photo", "shows", "two", "dogs"]
@@ -326,3 +328,17 @@ def test_make_supervised_dataset_with_an_image_column(processors, tmp_path):
         torch.testing.assert_close(got["image_grid_thw"], torch.from_numpy(expected["image_grid_thw"]))
     again = make_supervised_dataset(processor, source, seed=None, on_error="skip", cache_dir=tmp_path)
     assert again.cache_files == ds.cache_files  # same processor and options: the cached file is read back
+
+
+def test_rows_feed_the_flattening_collator(processors):
+    processor = processors["qwen2_vl"]
+    rng = np.random.default_rng(6)
+    rows = [random_row(rng) for _ in range(4)]
+    encoded = [build_encoder(processor)(row, index=i) for i, row in enumerate(rows)]
+    layout = VisionLayout(image_token_id=processor.image_token_id, merge_size=processor.image_processor.merge_size)
+    batch = VisionDataCollatorWithFlattening(layout=layout)(encoded)  # checks each row's placeholders by its grid
+    assert batch["input_ids"][0].tolist() == [t for row in encoded for t in row["input_ids"]]
+    with_images = [row for row in encoded if "pixel_values" in row]
+    for key in ("pixel_values", "image_grid_thw"):
+        expected = torch.from_numpy(np.concatenate([row[key] for row in with_images]))
+        torch.testing.assert_close(batch[key], expected, rtol=0, atol=0)
