@@ -88,7 +88,8 @@ def packed_attention_forward(
     batch, heads, length, head_dim = query.shape
     if attention_mask is not None or key.shape[2] != length:
         return padded_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+    blocks = kwargs.get(BLOCKS_KEY)
+    if blocks is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
     segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
     chunk = attention_chunk(module)
@@ -98,7 +99,6 @@ def packed_attention_forward(
     window = kwargs.get("sliding_window")
     scale = head_dim**-0.5 if scaling is None else scaling
     q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value))
-    blocks = kwargs.get(BLOCKS_KEY)
     if blocks is not None:  # image tokens attend to their own image both ways (Gemma 3): masked, per sequence
         out = block_kernel(q, k, v, segments, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
         return out.reshape(batch, length, heads, value.shape[-1]), None
