@@ -79,7 +79,9 @@ def test_check_folder_without_config(capsys, tmp_path):
     _assert_usage_error(code, err, "config.json")
 
 
-@pytest.mark.parametrize(("family", "reason"), [("t5", "encoder-decoder"), ("rwkv", "carry state across sequence boundaries")])
+@pytest.mark.parametrize(
+    ("family", "reason"), [("t5", "encoder-decoder"), ("rwkv", "carry state across sequence boundaries")]
+)
 def test_check_unsupported_family_gives_its_reason(family, reason, capsys):
     code, out, err = _run(capsys, "check", family)
     assert code == 1 and "Traceback" not in err

@@ -1,0 +1,106 @@
+"""Model-level proof for vision-language models: a flattened image-text batch gives each example's logits, and the
+batch's loss and gradients, exactly as running every example alone (images included); vanilla transformers does not."""
+
+import copy
+
+import pytest
+import torch
+
+from flatcollate import prepare_model_for_flattening
+from flatcollate.vision import VisionDataCollatorWithFlattening
+from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
+from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm
+
+TOL = 1e-5
+PER_TOKEN = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
+VANILLA = {
+    "qwen2_vl": "contaminated",
+    "qwen2_5_vl": "contaminated",
+    "qwen3_vl": "contaminated",
+    "qwen3_vl_moe": "contaminated",
+    "glm4v": "contaminated",
+    "glm4v_moe": "contaminated",
+    "gemma3": "contaminated",
+    "paligemma": "contaminated",
+    "llava": "exact",
+    "llava_next": "exact",
+    "llava_onevision": "exact",
+    "vipllava": "exact",
+    "idefics3": "exact",
+    "smolvlm": "exact",
+    "mistral3": "exact",
+    "aya_vision": "exact",
+    "cohere2_vision": "exact",
+    "internvl": "exact",
+}
+"""What the unprepared model (SDPA) gives on the collator's batch, measured: multimodal-RoPE families number the row as
+one sequence, Gemma 3 / PaliGemma's image-block overlay drops transformers' packed-sequence mask; LLaVA-style families
+are kept apart by transformers' own packed-sequence detection from the restarting `position_ids`."""
+FAMILIES = list(VANILLA)
+
+
+def alone(example: dict) -> dict:
+    """An example as a batch of one: per-token fields get a batch dimension, vision fields stay as processed."""
+    return {key: value[None] if key in PER_TOKEN else value for key, value in example.items()}
+
+
+def grads(model) -> dict:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def separate_run(model, examples):
+    """Each example alone: its logits, and the token-weighted loss over all examples with its gradients."""
+    model.zero_grad()
+    logits, total_loss, tokens = [], 0.0, 0
+    for example in examples:
+        out = model(**alone(example), use_cache=False)
+        logits.append(out.logits[0].detach())
+        labels = example["labels"][1:]
+        count = int((labels != -100).sum())
+        loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], labels, ignore_index=-100, reduction="sum")
+        total_loss = total_loss + loss
+        tokens += count
+    total_loss = total_loss / tokens
+    total_loss.backward()
+    return torch.cat(logits), total_loss.detach(), grads(model)
+
+
+def flattened_run(model, batch):
+    model.zero_grad()
+    out = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False)
+    shift = batch["labels"][0, 1:]
+    loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], shift, ignore_index=-100, reduction="sum")
+    loss = loss / int((shift != -100).sum())
+    loss.backward()
+    return out.logits[0].detach(), loss.detach(), grads(model)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_case(request):
+    model = tiny_vision_lm(request.param)
+    examples = tiny_vision_examples(model, count=3, seed=1)
+    return request.param, model, examples
+
+
+def test_flattened_batch_equals_each_example_alone(family_case):
+    family, model, examples = family_case
+    reference_logits, reference_loss, reference_grads = separate_run(model, examples)
+    prepared = prepare_model_for_flattening(copy.deepcopy(model))
+    batch = VisionDataCollatorWithFlattening.from_model(prepared)(examples)
+    logits, loss, flat_grads = flattened_run(prepared, batch)
+    assert (logits - reference_logits).abs().max().item() <= TOL
+    assert abs(loss.item() - reference_loss.item()) <= TOL
+    assert flat_grads.keys() == reference_grads.keys()
+    worst = max((flat_grads[n] - g).abs().max().item() for n, g in reference_grads.items())
+    assert worst <= TOL, f"{family}: gradients differ by {worst}"
+
+
+def test_what_vanilla_transformers_gives_on_the_same_batch(family_case):
+    """The same batch on the unprepared model (its own SDPA backend, restarting 1-D positions): `VANILLA`."""
+    family, model, examples = family_case
+    with torch.no_grad():
+        reference = torch.cat([model(**alone(e), use_cache=False).logits[0] for e in examples])
+        batch = VisionDataCollatorWithFlattening.from_model(model)(examples)
+        vanilla = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0]
+    measured = "exact" if (vanilla - reference).abs().max().item() <= TOL else "contaminated"
+    assert measured == VANILLA[family]
