@@ -69,6 +69,8 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         length = batch["input_ids"].shape[1]
         for index, feature in enumerate(features):
             self._check_placeholders(feature, index)
+        if self.layout.same_count and self.layout.tokens_per_image is None:
+            self._check_same_count(features)
         for field in TOKEN_TYPE_FIELDS:
             if any(field in feature for feature in features):
                 batch[field] = _token_types(features, field, length)
@@ -98,6 +100,26 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                     f"{what} fill {expected}. Flattened, the features would land in another example's sequence. "
                     "Process each example's text and images together (the processor expands the placeholders), and "
                     "do not truncate inside an image."
+                )
+
+    def _check_same_count(self, features: Sequence[Mapping]) -> None:
+        """Families whose images all fill the same number of placeholders: every example of the batch agrees."""
+        token, first = self.layout.image_token_id, None
+        if token is None:
+            return
+        for index, feature in enumerate(features):
+            images = image_count(feature, self.layout)
+            if not images:
+                continue
+            found = int((np.asarray(feature["input_ids"]).reshape(-1) == token).sum())
+            per_image = found / images
+            if first is None:
+                first = (index, per_image)
+            elif per_image != first[1]:
+                raise ValueError(
+                    f"Example {index}: its {images} images have {found} placeholder tokens ({per_image:g} each), but "
+                    f"example {first[0]}'s have {first[1]:g} each; every image of this family fills the same number. "
+                    "Process each example's text and images together, and do not truncate inside an image."
                 )
 
     def _images(self, features: Sequence[Mapping], field: str) -> np.ndarray:

@@ -1,0 +1,154 @@
+"""VisionDataCollatorWithFlattening on tiny literal examples: keys, every tensor, and the errors that keep an image in
+its own example's sequence."""
+
+import numpy as np
+import pytest
+import torch
+from torch.testing import assert_close
+
+from flatcollate.vision import VisionDataCollatorWithFlattening, VisionLayout
+
+IMG = 9
+QWEN = VisionLayout(image_token_id=IMG, merge_size=2)
+FIXED = VisionLayout(image_token_id=IMG, same_count=True)
+
+
+def qwen_example(text_before, grids, text_after, *, fill=0.0):
+    """A Qwen-style example: `t*h*w / 4` placeholders per image, `t*h*w` patch rows of width 6."""
+    ids, types, patches = list(range(1, text_before + 1)), [0] * text_before, 0
+    for t, h, w in grids:
+        ids += [IMG] * (t * h * w // 4)
+        types += [1] * (t * h * w // 4)
+        patches += t * h * w
+    ids += [5] * text_after
+    types += [0] * text_after
+    example = {"input_ids": ids, "mm_token_type_ids": types}
+    if grids:
+        example["pixel_values"] = torch.full((patches, 6), fill)
+        example["image_grid_thw"] = torch.tensor(grids)
+    return example
+
+
+def test_grid_family_batch_keys_and_tensors():
+    examples = [qwen_example(2, [(1, 2, 2)], 1, fill=1.0), qwen_example(1, [], 2), qwen_example(0, [(1, 2, 4)], 1)]
+    batch = VisionDataCollatorWithFlattening(layout=QWEN)(examples)
+    assert sorted(batch) == sorted(
+        [
+            "input_ids",
+            "labels",
+            "position_ids",
+            "seq_idx",
+            "cu_seq_lens_q",
+            "cu_seq_lens_k",
+            "max_length_q",
+            "max_length_k",
+            "mm_token_type_ids",
+            "pixel_values",
+            "image_grid_thw",
+        ]
+    )
+    assert_close(batch["input_ids"], torch.tensor([[1, 2, IMG, 5, 1, 5, 5, IMG, IMG, 5]]))
+    assert_close(batch["mm_token_type_ids"], torch.tensor([[0, 0, 1, 0, 0, 0, 0, 1, 1, 0]]))
+    assert_close(batch["cu_seq_lens_q"], torch.tensor([0, 4, 7, 10], dtype=torch.int32))
+    assert_close(batch["position_ids"], torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]]))
+    assert_close(batch["image_grid_thw"], torch.tensor([[1, 2, 2], [1, 2, 4]]))
+    # Image rows in example order: example 0's 4 patches (ones), then example 2's 8 (zeros).
+    assert_close(batch["pixel_values"], torch.cat([torch.ones(4, 6), torch.zeros(8, 6)]))
+
+
+def test_placeholders_that_balance_across_examples_are_refused():
+    """One placeholder too many in example 0 and one too few in example 1: the model's total check passes, and the
+    second image would start inside the first example's sequence. The collator counts per example."""
+    first, second = qwen_example(1, [(1, 2, 2)], 1), qwen_example(1, [(1, 2, 2)], 1)
+    first["input_ids"][0] = IMG
+    second["input_ids"][1] = 3
+    total_ids = sum(np.sum(np.array(e["input_ids"]) == IMG) for e in (first, second))
+    assert total_ids == 2  # the model alone would not notice
+    with pytest.raises(ValueError, match=r"Example 0: `input_ids` hold 2 placeholder tokens .* fill 1"):
+        VisionDataCollatorWithFlattening(layout=QWEN)([first, second])
+
+
+def test_fixed_count_family_must_agree_across_the_batch():
+    examples = [
+        {"input_ids": [1, IMG, IMG, 2], "pixel_values": torch.zeros(1, 3, 2, 2)},
+        {"input_ids": [IMG, IMG, IMG, 2], "pixel_values": torch.zeros(1, 3, 2, 2)},
+    ]
+    with pytest.raises(
+        ValueError, match=r"Example 1: its 1 images have 3 placeholder tokens \(3 each\), but example 0"
+    ):
+        VisionDataCollatorWithFlattening(layout=FIXED)(examples)
+
+
+def test_images_without_placeholders_and_placeholders_without_images_are_refused():
+    collator = VisionDataCollatorWithFlattening(layout=FIXED)
+    with pytest.raises(ValueError, match="Example 1: `input_ids` hold 0 placeholder tokens"):
+        collator([{"input_ids": [1, 2]}, {"input_ids": [3, 4], "pixel_values": torch.zeros(1, 3, 2, 2)}])
+    with pytest.raises(ValueError, match="Example 0: `input_ids` hold 1 placeholder tokens"):
+        collator([{"input_ids": [1, IMG]}, {"input_ids": [3, 4]}])
+
+
+def test_token_types_of_the_wrong_length_name_the_example():
+    examples = [qwen_example(1, [], 1), qwen_example(2, [], 0)]
+    examples[1]["mm_token_type_ids"] = [0]
+    with pytest.raises(ValueError, match="Example 1: `mm_token_type_ids` has 1 entries but `input_ids` has 2"):
+        VisionDataCollatorWithFlattening(layout=QWEN)(examples)
+
+
+def test_batch_first_fields_concatenate_on_the_image_dimension():
+    layout = VisionLayout(image_token_id=IMG, batch_first=("pixel_values", "pixel_attention_mask"))
+    examples = [
+        {
+            "input_ids": [IMG, 1],
+            "pixel_values": torch.zeros(1, 1, 3, 4, 4),
+            "pixel_attention_mask": torch.ones(1, 1, 4, 4),
+        },
+        {
+            "input_ids": [IMG, IMG, 2],
+            "pixel_values": torch.ones(1, 2, 3, 4, 4),
+            "pixel_attention_mask": torch.ones(1, 2, 4, 4),
+        },
+    ]
+    batch = VisionDataCollatorWithFlattening(layout=layout)(examples)
+    assert batch["pixel_values"].shape == (1, 3, 3, 4, 4)
+    assert batch["pixel_attention_mask"].shape == (1, 3, 4, 4)
+    assert_close(batch["pixel_values"][0, 1:], torch.ones(2, 3, 4, 4))
+
+
+def test_padded_fields_are_zero_padded_to_a_common_shape():
+    layout = VisionLayout(image_token_id=IMG, padded=("pixel_values",))
+    examples = [
+        {"input_ids": [IMG, 1], "pixel_values": torch.ones(1, 3, 2, 4), "image_sizes": torch.tensor([[2, 4]])},
+        {"input_ids": [IMG, 2], "pixel_values": torch.ones(1, 3, 4, 2), "image_sizes": torch.tensor([[4, 2]])},
+    ]
+    batch = VisionDataCollatorWithFlattening(layout=layout)(examples)
+    expected = torch.zeros(2, 3, 4, 4)
+    expected[0, :, :2, :4] = 1
+    expected[1, :, :4, :2] = 1
+    assert_close(batch["pixel_values"], expected)
+    assert_close(batch["image_sizes"], torch.tensor([[2, 4], [4, 2]]))
+
+
+def test_unpadded_fields_of_different_shapes_are_refused():
+    examples = [
+        {"input_ids": [IMG], "pixel_values": torch.ones(1, 3, 2, 4)},
+        {"input_ids": [IMG], "pixel_values": torch.ones(1, 3, 4, 2)},
+    ]
+    with pytest.raises(ValueError, match="`pixel_values` of the examples differ in shape beyond the image dimension"):
+        VisionDataCollatorWithFlattening(layout=FIXED)(examples)
+
+
+def test_row_padding_is_text_typed():
+    batch = VisionDataCollatorWithFlattening(layout=QWEN, pad_to_multiple_of=8)([qwen_example(1, [(1, 2, 2)], 1)])
+    assert batch["input_ids"].shape == (1, 8)
+    assert_close(batch["mm_token_type_ids"], torch.tensor([[0, 1, 0, 0, 0, 0, 0, 0]]))
+    assert_close(batch["cu_seq_lens_q"], torch.tensor([0, 3, 8], dtype=torch.int32))
+
+
+def test_from_model_reads_the_family_layout():
+    from flatcollate.vision.tiny import tiny_vision_lm
+
+    model = tiny_vision_lm("qwen2_vl")
+    collator = VisionDataCollatorWithFlattening.from_model(model)
+    assert collator.layout.image_token_id == model.config.image_token_id
+    assert collator.layout.merge_size == model.config.vision_config.spatial_merge_size
+    assert collator.vocab_size == model.config.get_text_config().vocab_size
