@@ -103,7 +103,8 @@ def _qwen_pixels(model, size, generator):
     """`pixel_values: (h * w, C * T * P * P)` flattened patches, `image_grid_thw: (1, 3) int64` = (1, h, w)."""
     vision = model.config.vision_config
     h, w = size  # in patches
-    width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
+    width = channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size**2
     return {"pixel_values": torch.randn(h * w, width, generator=generator), "image_grid_thw": torch.tensor([[1, h, w]])}
 
 
@@ -225,6 +226,27 @@ _IDEFICS = {
     "layout": _IDEFICS_LAYOUT,
 }
 _QWEN = {"pixels": _qwen_pixels, "merge": _cat, "sizes": ((4, 4), (4, 6), (8, 4), (2, 6))}  # patches; 2x2 merge
+_ANYRES = {
+    "pixels": _anyres_pixels,
+    "merge": _cat_padded,
+    "block": _plain,
+    "sizes": ((32, 32), (32, 64), (64, 32), (48, 40)),
+    "top": {"image_grid_pinpoints": [[32, 64], [64, 32], [64, 64]], "image_seq_length": 16},
+}
+_GEMMA3 = {
+    "pixels": _square_pixels,
+    "merge": _cat,
+    "block": _wrapped("boi_token_index", "eoi_token_index"),
+    "top": {"mm_tokens_per_image": 4},
+}
+_PIXTRAL = {
+    "pixels": _sized_pixels,
+    "merge": _cat_padded,
+    "block": _pixtral_rows,
+    "sizes": ((16, 16), (16, 24), (8, 32), (24, 16)),
+    "vision": {"patch_size": 4, "image_size": 32},
+    "layout": ("img_break", "img_end"),
+}
 _SQUARE = {"pixels": _square_pixels, "merge": _cat}
 _MROPE = {"mrope_section": [2, 3, 3]}  # sums to head_dim // 2 = 8
 _QWEN3 = {
@@ -256,13 +278,7 @@ FAMILIES: dict[str, _Family] = {
     "qwen3_vl_moe": _Family(**_QWEN3),
     "glm4v": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
     "glm4v_moe": _Family(**_GLM4V, text={"rope_parameters": {"mrope_section": [1, 1, 2]}}),  # rotary on half a head
-    "llava_next": _Family(
-        pixels=_anyres_pixels,
-        merge=_cat_padded,
-        block=_plain,
-        sizes=((32, 32), (32, 64), (64, 32), (48, 40)),
-        top={"image_grid_pinpoints": [[32, 64], [64, 32], [64, 64]], "image_seq_length": 16},
-    ),
+    "llava_next": _Family(**_ANYRES),
     "paligemma": _Family(
         pixels=_square_pixels, merge=_cat, block=_plain, images_first=True, token_types=_suffix_token_types
     ),
@@ -293,23 +309,20 @@ FAMILIES: dict[str, _Family] = {
         sizes=((4, 4), (4, 6), (6, 2)),
         vision={"num_patches": 16},
     ),
-    "gemma3": _Family(
-        pixels=_square_pixels,
-        merge=_cat,
-        block=_wrapped("boi_token_index", "eoi_token_index"),
-        top={"mm_tokens_per_image": 4},
-    ),
+    "cosmos3_omni": _Family(**_QWEN3),
+    "glm46v": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
+    "glmga": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
+    "glm_ocr": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
+    "video_llava": _Family(**_SQUARE, block=_plain),
+    "gemma3": _Family(**_GEMMA3),
     "llava": _Family(pixels=_square_pixels, merge=_cat, block=_plain, top={"image_seq_length": 16}),
     "idefics3": _Family(**_IDEFICS),
     "smolvlm": _Family(**_IDEFICS),
-    "mistral3": _Family(
-        pixels=_sized_pixels,
-        merge=_cat_padded,
-        block=_pixtral_rows,
-        sizes=((16, 16), (16, 24), (8, 32), (24, 16)),
-        vision={"patch_size": 4, "image_size": 32},
-        layout=("img_break", "img_end"),
-    ),
+    "llava_next_video": _Family(**_ANYRES),
+    "shieldgemma2": _Family(**_GEMMA3),
+    "mistral3": _Family(**_PIXTRAL),
+    "lighton_ocr": _Family(**_PIXTRAL),
+    "mistral_large4": _Family(**_PIXTRAL),
 }
 
 
