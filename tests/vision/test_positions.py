@@ -108,3 +108,17 @@ def test_vision_towers_never_see_the_text_rows_boundaries(family):
     assert not any(keys & set(TEXT_ROW_KEYS) for keys in seen)
     assert model.config.get_text_config()._attn_implementation == "flatcollate"
     assert all(t.config._attn_implementation != "flatcollate" for t in towers)
+
+
+def test_the_guard_covers_vision_models():
+    """The refusals of text models hold for a flattened image-text batch: a mask or a cache would mix the examples."""
+    model = prepare_model_for_flattening(tiny_vision_lm("qwen2_5_vl"))
+    batch = VisionDataCollatorWithFlattening.from_model(model)(tiny_vision_examples(model, count=2))
+    inputs = _forward_inputs(batch)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(**inputs, attention_mask=torch.ones_like(batch["input_ids"]))
+        with pytest.raises(ValueError, match="use_cache=True"):
+            model(**inputs, use_cache=True)
+        with pytest.raises(ValueError, match="per-example fields are for the collator"):
+            model(**inputs, completion_mask=torch.ones_like(batch["input_ids"]))
