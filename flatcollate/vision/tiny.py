@@ -249,12 +249,22 @@ _PIXTRAL = {
 }
 _SQUARE = {"pixels": _square_pixels, "merge": _cat}
 _MROPE = {"mrope_section": [2, 3, 3]}  # sums to head_dim // 2 = 8
+_QWEN2_5 = {**_QWEN, "text": {"rope_parameters": _MROPE}}
+_QWEN2_5_VISION = {"patch_size": 4, "out_hidden_size": 64, "window_size": 16, "fullatt_block_indexes": [0]}
 _QWEN3 = {
     **_QWEN,
     "block": _wrapped("vision_start_token_id", "vision_end_token_id"),
     "vision": {"patch_size": 4, "out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": [0]},
     "text": {"rope_parameters": _MROPE},
 }
+_LINEAR_ATTENTION = {  # gated delta-net layers: one linear, one full attention layer, narrow heads
+    "layer_types": ["linear_attention", "full_attention"],
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
+_QWEN3_5 = {**_QWEN3, "text": {**_QWEN3["text"], **_LINEAR_ATTENTION}}
 _GLM4V = {
     **_QWEN,
     "block": _wrapped("image_start_token_id", "image_end_token_id"),
@@ -269,10 +279,7 @@ FAMILIES: dict[str, _Family] = {
         text={"rope_parameters": _MROPE},
     ),
     "qwen2_5_vl": _Family(
-        **_QWEN,
-        block=_wrapped("vision_start_token_id", "vision_end_token_id"),
-        vision={"patch_size": 4, "out_hidden_size": 64, "window_size": 16, "fullatt_block_indexes": [0]},
-        text={"rope_parameters": _MROPE},
+        **_QWEN2_5, block=_wrapped("vision_start_token_id", "vision_end_token_id"), vision=_QWEN2_5_VISION
     ),
     "qwen3_vl": _Family(**_QWEN3),
     "qwen3_vl_moe": _Family(**_QWEN3),
@@ -310,10 +317,22 @@ FAMILIES: dict[str, _Family] = {
         vision={"num_patches": 16},
     ),
     "cosmos3_omni": _Family(**_QWEN3),
+    "cosmos3_edge": _Family(**_QWEN3),
+    "qwen3_5": _Family(**_QWEN3_5),
+    "qwen3_5_moe": _Family(**_QWEN3_5),
     "glm46v": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
     "glmga": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
     "glm_ocr": _Family(**_GLM4V, text={"rope_parameters": _MROPE}),
     "video_llava": _Family(**_SQUARE, block=_plain),
+    "hyperclovax_vision_v2": _Family(**_QWEN2_5, block=_plain, vision=_QWEN2_5_VISION),
+    "exaone4_5": _Family(**_QWEN2_5, block=_plain, vision={**_QWEN2_5_VISION, "num_key_value_heads": 2}),
+    "lfm3_vl": _Family(
+        **{
+            **_QWEN3,
+            "text": {**_QWEN3["text"], "layer_types": ["conv", "full_attention"]},
+            "vision": {**_QWEN3["vision"], "layer_types": ["full_attention"], "num_key_value_heads": 2},
+        }
+    ),
     "gemma3": _Family(**_GEMMA3),
     "llava": _Family(pixels=_square_pixels, merge=_cat, block=_plain, top={"image_seq_length": 16}),
     "idefics3": _Family(**_IDEFICS),
