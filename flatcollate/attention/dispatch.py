@@ -23,6 +23,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import capabilities
 from .bidirectional_blocks import BLOCKS_KEY, block_kernel
+from .compiled_sdpa import compiled_sdpa_kernel
 from .kernels import KERNELS
 from .packed_segments import segments_from_kwargs, split_into_chunks
 
@@ -91,20 +92,25 @@ def packed_attention_forward(
     blocks = kwargs.get(BLOCKS_KEY)
     if blocks is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
-    segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
     chunk = attention_chunk(module)
-    if chunk is not None:
-        segments = split_into_chunks(segments, chunk)
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     window = kwargs.get("sliding_window")
     scale = head_dim**-0.5 if scaling is None else scaling
     q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value))
     if blocks is not None:  # image tokens attend to their own image both ways (Gemma 3): masked, per sequence
+        segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
         out = block_kernel(q, k, v, segments, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
         return out.reshape(batch, length, heads, value.shape[-1]), None
     name = select_kernel(q, softcap=softcap, dropout=dropout, sinks=sinks is not None) if backend == "auto" else backend
     if name not in KERNELS:
         raise ValueError(f"Unknown packed attention backend {name!r}; choose `auto` or one of {sorted(KERNELS)}.")
+    if name == "sdpa" and torch.compiler.is_compiling():  # one opaque node: no graph break, no plan baked in
+        options = {"scale": scale, "window": window, "softcap": softcap, "dropout": dropout, "sinks": sinks}
+        out = compiled_sdpa_kernel(q, k, v, kwargs, chunk=chunk, **options)
+        return out.reshape(batch, length, heads, value.shape[-1]), None
+    segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
+    if chunk is not None:
+        segments = split_into_chunks(segments, chunk)
     out = KERNELS[name](q, k, v, segments, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
     return out.reshape(batch, length, heads, value.shape[-1]), None
 
