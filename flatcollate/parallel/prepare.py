@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import PreTrainedModel
 
 from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, takes_packed_backend, unsupported_reason
+from ..vision.composite import text_config_key
 from .attention import (
     SequenceParallelContext,
     attach_context,
@@ -82,6 +83,11 @@ def prepare_model_for_sequence_parallel(model: PreTrainedModel, group: dist.Proc
     config = base.config.get_text_config()
     model_type = getattr(config, "model_type", "")
     why = unsupported_reason(base)
+    if why is None and text_config_key(base.config) is not None:
+        why = (
+            "it is an image-text model: an image's placeholder tokens would straddle the ranks' slices while its "
+            "vision tower and 3-D positions need the whole example"
+        )
     if why is None and not takes_packed_backend(base):
         why = "its attention layers do not dispatch through transformers' attention interface"
     if why is None and model_type in SEGMENTED_MIXERS:
