@@ -26,6 +26,7 @@ from .parallel import (
 )
 from .streaming import StreamingPacker, interleave
 from .training import normalized_loss
+from .vision import VisionDataCollatorWithFlattening, VisionLayout
 
 __version__ = "0.1.0"
 
@@ -38,6 +39,8 @@ __all__ = [
     "PackedDataset",
     "StreamingPacker",
     "TokenBudgetBatchSampler",
+    "VisionDataCollatorWithFlattening",
+    "VisionLayout",
     "__version__",
     "build_encoder",
     "check_model",
