@@ -5,6 +5,7 @@ import functools
 
 import pytest
 import torch
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from flatcollate.vision.tiny import (
     FAMILIES,
@@ -106,6 +107,7 @@ def test_unknown_family_is_refused_with_the_known_ones():
         tiny_vision_lm("not_a_family")
 
 
-def test_build_notes_name_only_families_without_a_recipe():
+def test_every_image_text_to_text_family_has_a_recipe_or_a_note():
     assert not set(TINY_BUILD_NOTES) & set(FAMILIES)
+    assert set(TINY_BUILD_NOTES) | set(FAMILIES) == set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
     assert all(isinstance(reason, str) and reason for reason in TINY_BUILD_NOTES.values())
