@@ -16,6 +16,11 @@ from trl import SFTTrainer
 from ..collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
 from ..collate._features import MASK_KEYS
 from ..modeling import prepare_model_for_flattening
+from ..vision import VisionDataCollatorWithFlattening
+from ..vision.layouts import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
+
+IMAGE_ROW_KEYS = ("image", "images")
+"""Columns by which TRL recognises rows with raw images (`SFTTrainer._is_vision_dataset`)."""
 
 
 class FlatSFTTrainer(SFTTrainer):
@@ -35,9 +40,18 @@ class FlatSFTTrainer(SFTTrainer):
     `completion_only_loss=False`, kept by `remove_unused_columns=False`). Those leftovers are removed before
     flatcollate's collator, which would otherwise fold them into `labels` a second time.
 
+    Image-text models (a config with a `vision_config`) train padding-free on rows a processor already encoded
+    (`flatcollate.data.make_supervised_dataset(processor, ...)`: `input_ids`, `labels`, `pixel_values`,
+    `image_grid_thw`, `mm_token_type_ids`, ...), collated by `VisionDataCollatorWithFlattening.from_model(model)`;
+    the vision fields and per-token types are kept where TRL would keep only `input_ids` and `labels` (and train on
+    the image placeholders without their images). TRL refuses `padding_free=True` for raw rows with an `image(s)`
+    column (it processes images in its own padded collator), and its packing keeps only `input_ids` and `labels`:
+    both raise, naming the route that works.
+
     Args:
         *args, **kwargs: as for `SFTTrainer`.
-        data_collator (*optional*): a flatcollate collator, e.g. `DataCollatorForCompletionOnlyLM(...)`.
+        data_collator (*optional*): a flatcollate collator, e.g. `DataCollatorForCompletionOnlyLM(...)` or
+            `VisionDataCollatorWithFlattening.from_model(model)` (the default for an image-text model).
         attn_implementation (`str`, *optional*, defaults to `"flatcollate"`): passed to
             `prepare_model_for_flattening`; `None` keeps the model's backend (e.g. `flash_attention_2`).
 
@@ -52,6 +66,7 @@ class FlatSFTTrainer(SFTTrainer):
     """
 
     _drops_mask_columns = False
+    _keeps_vision_fields = False
 
     def __init__(self, *args, data_collator=None, attn_implementation: str | None = "flatcollate", **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -74,13 +89,26 @@ class FlatSFTTrainer(SFTTrainer):
             )
             super().__init__(*args, data_collator=data_collator, **kwargs)
             return
+        refuse_raw_image_rows(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
+        refuse_image_packing(kwargs.get("model", args[0] if args else None), data_collator, training_args)
         super().__init__(*args, **kwargs)
-        self._drops_mask_columns = True
-        self.data_collator = data_collator or DataCollatorWithFlattening(
-            pad_to_multiple_of=self.args.pad_to_multiple_of, pad_token_id=self._tokenizer.pad_token_id
-        )
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
+        refuse_image_packing(base, data_collator, self.args)  # a model given by name is loaded now
+        self._drops_mask_columns = True
+        options = {"pad_to_multiple_of": self.args.pad_to_multiple_of, "pad_token_id": self._tokenizer.pad_token_id}
+        if data_collator is None and is_image_text_model(base):
+            data_collator = VisionDataCollatorWithFlattening.from_model(base, **options)
+        self.data_collator = data_collator or DataCollatorWithFlattening(**options)
+        self._keeps_vision_fields = isinstance(self.data_collator, VisionDataCollatorWithFlattening)
         prepare_model_for_flattening(base, attn_implementation=attn_implementation)
+
+    def _set_signature_columns_if_needed(self):
+        """TRL keeps `input_ids`, `labels` and `seq_lengths`; a vision collator also takes each example's vision
+        fields and per-token types."""
+        super()._set_signature_columns_if_needed()
+        if self._keeps_vision_fields:
+            kept = self._signature_columns
+            self._signature_columns = [*kept, *(k for k in (*IMAGE_FIELDS, *TOKEN_TYPE_FIELDS) if k not in kept)]
 
     def _remove_unused_columns(self, dataset, description: str | None = None):
         """Map-style datasets: TRL's column removal, then mask columns TRL's collator would ignore."""
@@ -94,6 +122,42 @@ class FlatSFTTrainer(SFTTrainer):
         if not self._drops_mask_columns:
             return data_collator
         return functools.partial(collate_without_masks, collator=data_collator)  # a partial pickles for workers
+
+
+def is_image_text_model(model: Any) -> bool:
+    """Whether `model` (a model, or a PEFT wrapper of one) has a vision tower, i.e. a config with a `vision_config`.
+
+    >>> from flatcollate.vision import tiny_vision_lm
+    >>> is_image_text_model(tiny_vision_lm("llava")), is_image_text_model("org/model-name")
+    (True, False)
+    """
+    return getattr(getattr(model, "config", None), "vision_config", None) is not None
+
+
+def refuse_raw_image_rows(train_dataset: Any) -> None:
+    """Raise for rows with raw images (an `image` or `images` column), which TRL refuses to train padding-free."""
+    sample = next(iter(train_dataset)) if train_dataset is not None else {}
+    found = [key for key in IMAGE_ROW_KEYS if isinstance(sample, Mapping) and key in sample]
+    if found:
+        raise ValueError(
+            f"The training rows have an {found[0]!r} column: TRL turns such rows into pixels in its own collator, "
+            "one padded batch at a time, and refuses padding_free=True for them. Encode the rows first with "
+            "`flatcollate.data.make_supervised_dataset(processor, dataset)` (input_ids, labels, pixel_values, ...) "
+            "and pass those: FlatSFTTrainer collates them with VisionDataCollatorWithFlattening. Or train padded "
+            "with trl.SFTTrainer and padding_free=False."
+        )
+
+
+def refuse_image_packing(model: Any, collator: Any, training_args: Any) -> None:
+    """Raise for packing with an image-text model or a vision collator: TRL packs `input_ids` and `labels` only."""
+    vision = is_image_text_model(model) or isinstance(collator, VisionDataCollatorWithFlattening)
+    if vision and training_args.packing:
+        raise ValueError(
+            "packing=True keeps only `input_ids` and `labels` of each row (TRL's `select_columns` before packing), "
+            "so the images of an image-text model would be dropped while their placeholder tokens stay. Pass "
+            "SFTConfig(padding_free=True, packing=False, max_length=None): each batch is flattened into one row "
+            "with its images by VisionDataCollatorWithFlattening."
+        )
 
 
 def is_flattening_collator(collator: Any) -> bool:
