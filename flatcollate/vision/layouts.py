@@ -31,17 +31,21 @@ PADDED_FIELDS = {
     "llava_next": ("pixel_values",),
     "llava_onevision": ("pixel_values",),
     "mistral3": ("pixel_values",),
+    "mistral_large4": ("pixel_values",),
     "lighton_ocr": ("pixel_values",),
+    "lfm2_vl": ("pixel_values", "pixel_attention_mask"),
 }
 """Families whose processor zero-pads images to the batch's largest (LLaVA-NeXT: crops per image; Pixtral-based
-Mistral 3: height and width); the model reads each image's real extent from `image_sizes`, so the collator pads the
-examples' images to a common shape the same way."""
+Mistral 3 / Mistral Large 3: height and width; LFM2-VL: patches per image, masked by `pixel_attention_mask`); the model
+reads each image's real extent from `image_sizes` (`spatial_shapes`), so the collator pads the examples' images to a
+common shape the same way."""
 
 IMAGE_FIELDS = (
     "pixel_values",
     "image_grid_thw",
     "image_sizes",
     "pixel_attention_mask",
+    "spatial_shapes",
     "image_position_ids",
     "pixel_values_videos",
     "video_grid_thw",
