@@ -3,7 +3,8 @@
 With no arguments it runs an embedded offline default on the CPU in a couple of minutes (a tiny Llama-shaped model,
 the "flan" length profile, batch 8, one torch thread) and prints padding efficiency, tokens/s per mode, ratios,
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
-batches, with their spread over repeats.
+batches, with their spread over repeats. `--vision` measures image-text training instead (see
+`flatcollate.bench.vision`).
 """
 
 import argparse
@@ -25,6 +26,7 @@ from .batches import MODES
 from .profiles import available_profiles, load_profile
 from .report import summary_text, write_report
 from .throughput import ThroughputConfig, run_throughput
+from .vision_report import add_vision_arguments, run_vision_command
 
 
 def _positive_int(text: str) -> int:
@@ -211,6 +213,8 @@ def check_writable(out_dir: Path) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.vision:
+        return run_vision_command(args)
     config = config_from_args(args, profile=args.profile)
     validate(config, args.out_dir, set_keys={item.partition("=")[0] for item in args.overrides})
     run_and_report(config, args.out_dir, progress=not args.no_progress)
@@ -232,4 +236,5 @@ def register_cli(subparsers) -> None:
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
     add_arguments(parser)
+    add_vision_arguments(parser)
     parser.set_defaults(func=_command)

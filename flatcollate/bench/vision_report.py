@@ -1,0 +1,184 @@
+"""`flatcollate bench --vision`: the printed summary, the report files and the command-line options of the vision
+profile (`flatcollate.bench.vision`)."""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from ..cli import UsageError
+from .profiles import available_profiles, load_profile
+from .report import _mib, _params, headline_lines, markdown_table, plot_losses, plot_throughput
+from .throughput import ThroughputConfig
+from .vision import VISION_TEXT_MODEL, VisionBenchConfig, check_vision_config, run_vision_bench, vision_model_config
+
+VISION_REPORT_FILES = ("vision.json", "vision.md", "vision.png", "vision_loss_curves.png")
+"""What `write_vision_report` puts in its output folder."""
+
+
+def setup_lines(result: dict) -> list[str]:
+    """Model, device, profile, images drawn, token counts and the padding efficiency of padded batches."""
+    config, pool, env, model = result["config"], result["pool"], result["environment"], result["model"]
+    images = result["images"]
+    device = "CPU" if env["device_type"] == "cpu" else "GPU"
+    threads = f", {env['torch_threads']} torch thread(s) of {env['cpu_count']} cores" if device == "CPU" else ""
+    per_image = images["image_tokens_per_image"]
+    return [
+        f"model {model['model_type']} ({_params(model)} parameters: text hidden {model['hidden_size']}, "
+        f"{model['num_hidden_layers']} layers; vision tower {model['vision_parameters']:,} parameters, width "
+        f"{model['vision_hidden_size']}, {model['vision_layers']} layer(s)), random weights, {config['dtype']}",
+        f"device {device} ({env['device']}){threads}; text profile {config['profile']} truncated to "
+        f"{config['max_length']}, batch {config['batch_size']}, {config['steps']} steps per pass, "
+        f"{config['repeats']} repeats (modes interleaved, each warmed up until its step times settle)",
+        f"images: {images['distribution']}",
+        f"{pool['sequences']} examples, {images['images']} images ({per_image['mean']:.0f} image tokens each on "
+        f"average, {per_image['min']}-{per_image['max']}), {pool['real_tokens']:,} real tokens of which "
+        f"{pool['image_tokens']:,} image-block tokens, mean length {pool['mean_length']:.0f}, longest "
+        f"{pool['max_length_seen']}",
+        f"padding efficiency of padded batches (real / padded tokens): {pool['padding_efficiency']:.1%} for these "
+        f"examples, {pool['profile_padding_efficiency']:.1%} over 20,000 examples drawn the same way",
+    ]
+
+
+def legend_lines(result: dict) -> list[str]:
+    """What the modes and columns mean."""
+    lines = [
+        "- padded: the processor's padded batch (right padding, attention_mask, mm_token_type_ids; the unprepared "
+        "model computes each example's 3-D positions), sdpa",
+        "- flattened: VisionDataCollatorWithFlattening + prepare_model_for_flattening (one row, per-sequence "
+        "3-D positions, the flatcollate backend on the language model)",
+        "- both modes give the vision tower the same pixel_values and image_grid_thw; real tokens count image "
+        "tokens and text, not padding; x padded is the ratio to padded taken within each repeat",
+    ]
+    if result["environment"]["device_type"] == "cpu":
+        lines.append(
+            "- x padded, CPU time: the same ratio on this process's CPU seconds; memory added by the pass: RSS "
+            "high-water mark of the timed pass minus the RSS before it"
+        )
+    return lines
+
+
+def vision_summary_text(result: dict) -> str:
+    """What `flatcollate bench --vision` prints: setup, table, legend, loss equivalence and, last, the headline."""
+    lines = [*setup_lines(result), "", markdown_table(result), *legend_lines(result)]
+    modes = result["modes"]
+    lines.append(
+        f"optimizer steps per epoch: padded {modes['padded']['steps_per_epoch']}, flattened "
+        f"{modes['flattened']['steps_per_epoch']}; peak memory (median) padded "
+        f"{_mib(modes['padded']['peak_memory_bytes'])} MiB, flattened {_mib(modes['flattened']['peak_memory_bytes'])} "
+        "MiB"
+    )
+    diff = result["loss_equivalence"]["max_abs_loss_diff"]
+    lines.append(f"loss curves padded vs flattened: max abs difference {diff:.2e}")
+    return "\n".join([*lines, "", *headline_lines(result)])
+
+
+def write_vision_report(result: dict, out_dir: str | Path) -> list[Path]:
+    """Write `VISION_REPORT_FILES` into `out_dir` (created if needed); returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / name for name in VISION_REPORT_FILES]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(vision_summary_text(result) + "\n")
+    plot_throughput(result, paths[2])
+    plot_losses(result, paths[3])
+    return paths
+
+
+def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options only the vision profile takes."""
+    default = VisionBenchConfig()
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="image-text profile: a small Qwen2.5-VL-shaped model, padded vs flattened, 0-N images per example "
+        "sized by Qwen2-VL's dynamic resolution (--profile gives the text lengths; --set sizes the language model)",
+    )
+    parser.add_argument(
+        "--max-images", type=_non_negative_int, default=default.max_images, help="--vision: images per example, 0-N"
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=_non_negative_int,
+        default=default.max_pixels,
+        help="--vision: the image processor's max_pixels (Qwen2-VL's default; 28*28*1280)",
+    )
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+NOT_FOR_VISION = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
+NOT_FOR_VISION |= {"attn": "--attn"}
+"""Text-bench options the vision profile does not take (its model and modes are fixed)."""
+
+
+def vision_config_from_args(args: argparse.Namespace) -> VisionBenchConfig:
+    """`VisionBenchConfig` from parsed options; `UsageError` for a text-only option, an unknown `--set` key or
+    a value the config refuses."""
+    text_default = ThroughputConfig()
+    defaults = {"model": text_default.model, "full_size": False, "modes": list(text_default.modes), "pack_len": None}
+    defaults["attn"] = text_default.flattened_attn
+    for name, option in NOT_FOR_VISION.items():
+        if getattr(args, name) != defaults[name]:
+            raise UsageError(
+                f"{option} does not apply to --vision (its model is qwen2_5_vl, its modes padded and "
+                "flattened); leave it out, or size the language model with --set."
+            )
+    text_model = dict(VISION_TEXT_MODEL)
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set hidden_size=256).")
+        try:
+            text_model[key] = json.loads(value)
+        except json.JSONDecodeError:
+            text_model[key] = value
+    try:
+        load_profile(args.profile)
+    except (ValueError, OSError) as error:
+        raise UsageError(
+            f"--profile {args.profile}: {str(error).splitlines()[0]} (named profiles: "
+            f"{', '.join(available_profiles())})"
+        ) from None
+    config = VisionBenchConfig(
+        profile=args.profile,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        max_images=args.max_images,
+        max_pixels=args.max_pixels,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        repeats=args.repeats,
+        text_model=text_model,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+    )
+    try:
+        check_vision_config(config)
+        vision_model_config(config)
+    except ValueError as error:
+        raise UsageError(f"--vision: {error}") from None
+    return config
+
+
+def run_vision_command(args: argparse.Namespace) -> int:
+    """`flatcollate bench --vision`: check every option, run, print the summary, write the report."""
+    from .cli import check_writable
+
+    config = vision_config_from_args(args)
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device cuda: CUDA is not available (torch {torch.__version__}); use --device cpu or auto.")
+    check_writable(Path(args.out_dir))
+    result = run_vision_bench(config, progress=not args.no_progress)
+    print(vision_summary_text(result))
+    for path in write_vision_report(result, args.out_dir):
+        print(f"wrote {path}")
+    return 0

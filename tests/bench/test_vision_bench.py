@@ -1,0 +1,184 @@
+"""The vision profile of the throughput benchmark on a tiny run: image grids, padded batches, token counts, steps,
+loss equivalence, report files and the `flatcollate bench --vision` command line."""
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+from flatcollate.bench.batches import real_tokens, slot_tokens
+from flatcollate.bench.cli import register_cli
+from flatcollate.bench.profiles import load_profile
+from flatcollate.bench.vision import VisionBenchConfig, build_vision_model, run_vision_bench
+from flatcollate.bench.vision_inputs import (
+    MAX_PIXELS,
+    MIN_PIXELS,
+    draw_image_grids,
+    draw_lengths,
+    draw_vision_pool,
+    padded_vision_batch,
+    vision_examples,
+)
+from flatcollate.bench.vision_report import VISION_REPORT_FILES, vision_summary_text, write_vision_report
+from flatcollate.cli import UsageError
+from flatcollate.vision import VisionDataCollatorWithFlattening
+
+SMALL_PIXELS = 28 * 28 * 12  # at most 12 image tokens per image
+TINY_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
+CONFIG = VisionBenchConfig(
+    profile="gsm8k",
+    batch_size=3,
+    max_length=48,
+    steps=2,
+    warmup_steps=1,
+    repeats=2,
+    max_pixels=SMALL_PIXELS,
+    text_model=TINY_TEXT,
+)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_vision_bench(CONFIG, progress=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_vision_model(CONFIG, device=torch.device("cpu"), dtype=torch.float32)
+
+
+def test_image_grids_are_the_processor_resize_of_the_drawn_sides():
+    grids, sides = draw_image_grids(200, seed=3, return_sides=True)
+    assert grids.shape == (200, 3) and grids.dtype == np.int64 and (grids[:, 0] == 1).all()
+    for (height, width), grid in zip(sides.tolist(), grids.tolist(), strict=True):  # the processor's own resize
+        resized = smart_resize(height, width, factor=28, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+        assert grid == [1, resized[0] // 14, resized[1] // 14]
+    low, high = math.isqrt(MIN_PIXELS), math.isqrt(MAX_PIXELS)
+    assert sides.min() >= low and sides.max() <= high
+    patches = grids[:, 1] * grids[:, 2]
+    assert (patches % 4 == 0).all() and patches.max() // 4 <= 1280 and patches.min() // 4 >= 4
+    with pytest.raises(ValueError, match="max_pixels"):
+        draw_image_grids(2, seed=0, max_pixels=MIN_PIXELS - 1)
+
+
+def _pool(n, seed):
+    return draw_vision_pool(load_profile("gsm8k"), n, max_length=48, images=CONFIG.images, seed=seed)
+
+
+def test_pool_counts_images_and_tokens_against_a_per_example_loop():
+    pool = _pool(40, seed=5)
+    assert set(np.unique(pool.images).tolist()) == {0, 1, 2, 3} and pool.images.sum() == len(pool.grids)
+    tokens = pool.grids[:, 1] * pool.grids[:, 2] // 4 + 2  # vision start and end around each image's tokens
+    first = np.concatenate([[0], np.cumsum(pool.images)])
+    expected = [int(pool.text.lengths[i] + tokens[first[i] : first[i + 1]].sum()) for i in range(40)]
+    assert pool.lengths.tolist() == expected
+    lengths = draw_lengths(load_profile("gsm8k"), 40, max_length=48, images=CONFIG.images, seed=5)
+    assert lengths.tolist() == expected
+
+
+def test_padded_batch_against_the_collator_and_a_per_example_loop(model):
+    pool = _pool(5, seed=2)
+    examples = vision_examples(model, pool, np.arange(5), seed=0)
+    batch = padded_vision_batch(examples, pad_token_id=7)
+    flat = VisionDataCollatorWithFlattening.from_model(model)(examples)
+    width = max(len(e["input_ids"]) for e in examples)
+    per_token = {"input_ids", "labels", "attention_mask", "mm_token_type_ids"}
+    assert set(batch) == per_token | {"pixel_values", "image_grid_thw"}
+    assert batch["input_ids"].shape == (5, width)
+    for row, example in enumerate(examples):
+        n = len(example["input_ids"])
+        for key, pad in (("input_ids", 7), ("labels", -100), ("mm_token_type_ids", 0)):
+            torch.testing.assert_close(batch[key][row, :n], example[key])
+            assert (batch[key][row, n:] == pad).all()
+        assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (width - n)
+    torch.testing.assert_close(batch["pixel_values"], flat["pixel_values"])
+    torch.testing.assert_close(batch["image_grid_thw"], flat["image_grid_thw"])
+    assert real_tokens(batch) == real_tokens(flat) == int(pool.lengths.sum())
+    assert slot_tokens(batch) == 5 * width
+
+
+def test_examples_hold_one_placeholder_per_image_token(model):
+    pool = _pool(6, seed=4)
+    for example, images in zip(vision_examples(model, pool, np.arange(6), seed=1), pool.images, strict=True):
+        grid = example.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.int64))
+        assert len(grid) == images
+        image = example["input_ids"] == model.config.image_token_id
+        assert int(image.sum()) == int((grid.prod(-1) // 4).sum())
+        assert (example["labels"][image] == -100).all()
+        assert example["mm_token_type_ids"].tolist() == image.long().tolist()
+        if images:
+            assert example["pixel_values"].shape[0] == int(grid.prod(-1).sum())
+
+
+def test_run_reports_padding_steps_losses_and_memory(result):
+    modes = result["modes"]
+    assert list(modes) == ["padded", "flattened"]
+    assert modes["padded"]["steps_per_epoch"] == modes["flattened"]["steps_per_epoch"] == CONFIG.steps
+    assert modes["padded"]["real_tokens_per_epoch"] == modes["flattened"]["real_tokens_per_epoch"]
+    assert result["pool"]["real_tokens"] == modes["padded"]["real_tokens_per_epoch"]
+    efficiency = modes["padded"]["real_tokens_per_epoch"] / modes["padded"]["computed_tokens_per_epoch"]
+    assert result["pool"]["padding_efficiency"] == pytest.approx(efficiency)
+    assert modes["flattened"]["padding_fraction"] == 0.0
+    assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
+    assert all(len(m["losses"]) == CONFIG.steps for m in modes.values())
+    ratio = result["ratios_vs_padded"]["flattened"]["tokens_per_cpu_s"]
+    assert ratio["n"] == CONFIG.repeats and ratio["min"] <= ratio["median"] <= ratio["max"]
+    assert result["headline"]["flattened_vs_padded"]["n"] == CONFIG.repeats
+    assert result["environment"]["torch_threads"] == 1 and result["environment"]["device_type"] == "cpu"
+    assert result["model"]["model_type"] == "qwen2_5_vl" and result["model"]["hidden_size"] == 32
+    assert result["images"]["max_pixels"] == SMALL_PIXELS
+    assert result["pool"]["image_tokens"] + result["pool"]["text_tokens"] == result["pool"]["real_tokens"]
+    json.dumps(result)
+
+
+def test_summary_and_report_files(result, tmp_path):
+    text = vision_summary_text(result)
+    assert "padding efficiency of padded batches" in text and "device CPU" in text
+    assert "| padded |" in text and "| flattened |" in text
+    assert "flatcollate (flattened) trains" in text
+    paths = write_vision_report(result, tmp_path)
+    assert sorted(p.name for p in paths) == sorted(VISION_REPORT_FILES)
+    assert json.loads((tmp_path / "vision.json").read_text())["config"]["max_pixels"] == SMALL_PIXELS
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    register_cli(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_command_line_runs_the_vision_profile(tmp_path, capsys):
+    sizes = ["--set", "hidden_size=32", "--set", "intermediate_size=64", "--max-pixels", str(SMALL_PIXELS)]
+    run = ["--profile", "gsm8k", "--batch-size", "2", "--max-length", "32", "--steps", "1", "--repeats", "1"]
+    args = _parse(["--vision", *run, *sizes, "--out-dir", str(tmp_path), "--no-progress"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "qwen2_5_vl" in out and "wrote" in out
+    assert (tmp_path / "vision.md").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--modes", "padded", "packed"], "--modes does not apply to --vision"),
+        (["--model", "qwen2"], "--model does not apply to --vision"),
+        (["--set", "hiden_size=3"], "did you mean hidden_size"),
+        (["--set", "hidden_size=0"], "hidden_size is a positive integer"),
+        (["--max-pixels", "100"], "min_pixels"),
+    ],
+)
+def test_command_line_refuses_what_the_vision_profile_cannot_take(argv, message, tmp_path):
+    args = _parse(["--vision", "--out-dir", str(tmp_path), *argv])
+    with pytest.raises(UsageError, match=message):
+        args.func(args)
+    assert list(tmp_path.iterdir()) == []  # refused before anything ran
+
+
+def test_command_line_refuses_a_negative_image_count(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--vision", "--max-images", "-1"])
+    assert "--max-images" in capsys.readouterr().err
