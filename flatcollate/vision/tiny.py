@@ -181,15 +181,23 @@ def layout_token_ids(model_type: str) -> dict[str, int]:
 
 
 def image_feature_count(model: PreTrainedModel, fields: dict[str, torch.Tensor]) -> int:
-    """Number of feature rows the model makes of one image's vision fields, i.e. the image tokens it consumes."""
+    """Number of feature rows the model makes of one image's vision fields, i.e. the image tokens it consumes.
+
+    Raises `ValueError` when the features are not rows of the text width: the model's own check compares element
+    counts only, so features of another width would pass it folded into the wrong number of tokens.
+    """
     hidden = model.config.text_config.hidden_size
     with torch.no_grad():
         out = model.get_image_features(**fields)
     features = getattr(out, "pooler_output", out)
-    total = sum(f.numel() for f in features) if isinstance(features, (list, tuple)) else features.numel()
-    if total % hidden:
-        raise ValueError(f"{model.config.model_type}: image features of {total} values are not rows of {hidden}")
-    return total // hidden
+    features = list(features) if isinstance(features, (list, tuple)) else [features]
+    widths = {f.shape[-1] for f in features}
+    if widths != {hidden}:
+        raise ValueError(
+            f"{model.config.model_type}: image features of width {sorted(widths)}, not the text width {hidden}; "
+            "set the projector's output size to the text hidden size in the family's recipe."
+        )
+    return sum(f.numel() for f in features) // hidden
 
 
 def tiny_vision_examples(

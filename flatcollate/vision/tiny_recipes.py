@@ -258,7 +258,12 @@ FAMILIES: dict[str, Family] = {
     "glm4v_moe": Family(**_GLM4V, text={"rope_parameters": {"mrope_section": [1, 1, 2]}}),  # rotary on half a head
     "llava_next": Family(**_ANYRES),
     "paligemma": Family(
-        pixels=_square_pixels, merge=_cat, block=_plain, images_first=True, token_types=_suffix_token_types
+        pixels=_square_pixels,
+        merge=_cat,
+        block=_plain,
+        images_first=True,
+        token_types=_suffix_token_types,
+        vision={"projection_dim": 64},  # the projector's output is the text width
     ),
     "aya_vision": Family(
         **_SQUARE, block=_wrapped("start_of_img", "end_of_img"), layout=("start_of_img", "end_of_img")
@@ -275,8 +280,8 @@ FAMILIES: dict[str, Family] = {
         pixels=_anyres_pixels,
         merge=_cat_padded,
         block=_plain,
-        sizes=((32, 32), (32, 64), (64, 32), (48, 40)),
-        top={"image_grid_pinpoints": [[32, 32], [32, 64], [64, 32], [64, 64]]},
+        sizes=((32, 32), (32, 64), (64, 32), (40, 24)),
+        top={"image_grid_pinpoints": [[32, 32], [32, 64], [64, 32]]},
     ),
     "vipllava": Family(**_SQUARE, block=_plain, top={"vision_feature_layers": [-2, -1]}),
     "lfm2_vl": Family(
@@ -308,6 +313,7 @@ FAMILIES: dict[str, Family] = {
         pixels=_tile_pixels,
         merge=_cat_tiles,
         block=_wrapped("fake_token_around_image", "fake_token_around_image"),
+        sizes=((1, 1),),  # one tile per image
         layout=("fake_token_around_image",),
         nested={"perceiver_config": _PERCEIVER},
     ),

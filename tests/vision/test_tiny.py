@@ -5,6 +5,7 @@ import functools
 
 import pytest
 import torch
+from transformers import AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from flatcollate.vision.tiny import (
@@ -14,7 +15,9 @@ from flatcollate.vision.tiny import (
     TEXT_IDS,
     TINY_BUILD_NOTES,
     VOCAB_SIZE,
+    image_feature_count,
     special_token_names,
+    tiny_vision_config,
     tiny_vision_examples,
     tiny_vision_lm,
 )
@@ -49,6 +52,7 @@ def test_examples_run_alone(model_type):
     model = _model(model_type)
     examples = _examples(model_type)
     assert [len(_image_positions(model, e)) > 0 for e in examples] == [True, True, False]
+    assert all(len(_image_positions(model, e)) <= 160 for e in examples)  # tens of tokens per image, not thousands
     for example in examples:
         length = example["input_ids"].numel()
         for key in PER_TOKEN:
@@ -100,6 +104,15 @@ def test_token_ids_keep_to_their_ranges(model_type):
         text = example["labels"][example["labels"] != -100]
         assert ((text >= TEXT_IDS[0]) & (text < TEXT_IDS[1])).all()
         assert (example["input_ids"] < VOCAB_SIZE).all()
+
+
+def test_features_of_another_width_than_the_text_are_refused():
+    """The models compare element counts only: 16 features of width 32 would pass as 8 tokens of width 64."""
+    config = tiny_vision_config("paligemma")
+    config.vision_config.projection_dim = 32
+    model = AutoModelForImageTextToText.from_config(config)
+    with pytest.raises(ValueError, match=r"width \[32\], not the text width 64"):
+        image_feature_count(model, {"pixel_values": torch.randn(1, 3, 32, 32)})
 
 
 def test_unknown_family_is_refused_with_the_known_ones():
