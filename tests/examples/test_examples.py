@@ -89,3 +89,20 @@ def test_accelerate_example_runs_in_one_process_without_output(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "step 1: loss" in done.stdout
     assert list(tmp_path.iterdir()) == []  # without --output nothing is written
+
+
+def test_vlm_example_encodes_conversations_with_a_processor(tokenizer_dir, monkeypatch, capsys):
+    monkeypatch.setenv("FLATCOLLATE_SHARED_DATA", str(tokenizer_dir("qwen2.5-instruct").parents[1]))
+    result = load(ROOT / "examples" / "vlm_padding_free.py").main(SHORT)
+    assert result["data"] == "processor", capsys.readouterr().out
+    assert result["optimizer_steps"] == 2  # 8 examples, batches of 4
+    assert result["padding_efficiency"]["flattened"] == 1.0 > result["padding_efficiency"]["padded"]
+
+
+def test_vlm_example_runs_on_synthetic_rows_without_shared_data(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLATCOLLATE_SHARED_DATA", str(tmp_path))  # no tokenizer there
+    result = load(ROOT / "examples" / "vlm_padding_free.py").main(SHORT)
+    out = capsys.readouterr().out
+    assert result["data"] == "synthetic" and "synthetic encoded rows" in out, out
+    assert result["optimizer_steps"] == 2 and all(math.isfinite(loss) for loss in result["losses"])
+    assert result["padding_efficiency"]["flattened"] == 1.0 > result["padding_efficiency"]["padded"]
