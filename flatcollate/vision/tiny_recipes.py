@@ -322,6 +322,13 @@ FAMILIES: dict[str, Family] = {
         block=_plain,
         top={"projector_patch_to_query_dict": {16: 4}, "max_value_projector_patch_to_query_dict": 4},
     ),
+    "minimax_m3_vl": Family(
+        **_QWEN,
+        block=_plain,
+        vision={"patch_size": 4, "image_size": 32},
+        top={"merged_hidden_size": 256},  # 2 x 2 merged patches of 2 frames, vision width 32
+        text={"shared_intermediate_size": 64, "dense_intermediate_size": 128},
+    ),
     "gemma3": Family(**_GEMMA3),
     "llava": Family(pixels=_square_pixels, merge=_cat, block=_plain, top={"image_seq_length": 16}),
     "idefics3": Family(**_IDEFICS),
