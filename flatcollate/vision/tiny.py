@@ -52,7 +52,7 @@ _NOT_MULTIMODAL = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id
 # tried. Stages: config (shrinking), build (parameters counted on the meta device; > 3M counts as not tiny),
 # examples (`get_image_features`), forward (the model alone on an example).
 TINY_BUILD_NOTES: dict[str, str] = {
-    "blip": "build: ValueError: BlipForConditionalGeneration has no SDPA path ",
+    "blip": "build: ValueError: BlipForConditionalGeneration has no SDPA path",
     "blip-2": "build: 106.7M parameters after shrinking, largest qformer.encoder.layer.9.output_query.dense.weight",
     "chameleon": "config: AttributeError: 'ChameleonConfig' has no 'text_config'",
     "cohere_compass": "build: KeyError: 'full_attention'",
@@ -158,7 +158,9 @@ def tiny_vision_config(model_type: str) -> PretrainedConfig:
     for name, value in {**TINY_PROJECTOR_SIZES, **family.top}.items():
         if name in family.top or getattr(config, name, None) is not None:
             setattr(config, name, value)
-    for offset, name in enumerate(special_token_names(config)):
+    names = special_token_names(config)
+    assert len(names) <= LAYOUT_BASE - SPECIAL_BASE, f"{model_type}: {len(names)} special ids outside their block"
+    for offset, name in enumerate(names):
         setattr(config, name, SPECIAL_BASE + offset)
     if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= VOCAB_SIZE:
         config.pad_token_id = VOCAB_SIZE - 1
@@ -225,6 +227,12 @@ def tiny_vision_examples(
     [(True, True), (True, True), (True, False)]
     """
     config = model.config
+    if config.model_type not in FAMILIES:
+        raise ValueError(
+            f"model of type {config.model_type!r} has no tiny vision recipe; build it with tiny_vision_lm."
+        )
+    if not images or any(not isinstance(n, int) or n < 0 for n in images):
+        raise ValueError(f"images={images!r}: give a non-empty tuple of image counts >= 0, e.g. (1, 2, 0).")
     family = FAMILIES[config.model_type]
     ids = layout_token_ids(config.model_type)
     generator = torch.Generator().manual_seed(seed)

@@ -5,9 +5,10 @@ import functools
 
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
+from flatcollate.models import tiny_config
 from flatcollate.vision.tiny import (
     FAMILIES,
     LAYOUT_BASE,
@@ -113,6 +114,16 @@ def test_features_of_another_width_than_the_text_are_refused():
     model = AutoModelForImageTextToText.from_config(config)
     with pytest.raises(ValueError, match=r"width \[32\], not the text width 64"):
         image_feature_count(model, {"pixel_values": torch.randn(1, 3, 32, 32)})
+
+
+def test_bad_image_counts_and_foreign_models_are_refused():
+    with pytest.raises(ValueError, match=r"images=\(1, -1\): give a non-empty tuple"):
+        tiny_vision_examples(_model("llava"), images=(1, -1))
+    with pytest.raises(ValueError, match=r"images=\(\): give"):
+        tiny_vision_examples(_model("llava"), images=())
+    text_only = AutoModelForCausalLM.from_config(tiny_config("llama"))
+    with pytest.raises(ValueError, match="'llama' has no tiny vision recipe"):
+        tiny_vision_examples(text_only)
 
 
 def test_unknown_family_is_refused_with_the_known_ones():
