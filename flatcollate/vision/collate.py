@@ -139,7 +139,10 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                 "be concatenated. Process the images at one resolution, or pass the family's `layout` "
                 "(`VisionDataCollatorWithFlattening.from_model(model)`)."
             )
-        return np.concatenate(parts, axis=axis)
+        out = np.concatenate(parts, axis=axis)
+        # Nested Python floats (a `datasets` column read without a torch format) come back as float64; processors
+        # emit float32, which is what the vision towers take.
+        return out.astype(np.float32) if out.dtype == np.float64 else out
 
 
 def _without(feature: Mapping, keys: tuple[str, ...]) -> dict:

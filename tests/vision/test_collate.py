@@ -152,3 +152,15 @@ def test_from_model_reads_the_family_layout():
     assert collator.layout.image_token_id == model.config.image_token_id
     assert collator.layout.merge_size == model.config.vision_config.spatial_merge_size
     assert collator.vocab_size == model.config.get_text_config().vocab_size
+
+
+def test_vision_fields_read_back_as_float64_lists_come_out_float32():
+    """A `datasets` column without `with_format("torch")` gives nested Python floats (numpy float64); processors emit
+    float32 and so does the collator."""
+    examples = [
+        {"input_ids": [IMG, 1], "pixel_values": [[[[0.5, 0.25]]]]},
+        {"input_ids": [IMG], "pixel_values": [[[[1.0, 2.0]]]]},
+    ]
+    batch = VisionDataCollatorWithFlattening(layout=FIXED)(examples)
+    assert batch["pixel_values"].dtype == torch.float32
+    assert_close(batch["pixel_values"], torch.tensor([[[[0.5, 0.25]]], [[[1.0, 2.0]]]]))
