@@ -2,7 +2,8 @@
 
 A tiny random copy of the model runs one flattened row and the same sequences one at a time; logits, loss and
 gradients must agree (fp32 CPU, tolerance 1e-5). The per-sequence reference runs with `eager` attention. The row's
-lengths come from the config (`check_lengths`); the command line is in `check_cli`.
+lengths come from the config (`check_lengths`); the command line is in `check_cli`; image-text-to-text families are
+checked with images (`flatcollate.vision.check`).
 """
 
 import copy
@@ -60,7 +61,9 @@ class CheckReport:
         """A table, one row per backend."""
         if len(set(self.tolerances.values())) > 1:
             tolerance = ", ".join(f"{k.removesuffix('_diff')} {v:.1e}" for k, v in self.tolerances.items())
-            tolerance += f" (from the {self.dtype} per-sequence run's own error)"
+            low = (self.device, self.dtype) != ("cpu", "float32")
+            source = f"the {self.dtype} per-sequence run's own error" if low else "float32 resolution at each size"
+            tolerance += f" (from {source})"
         else:
             tolerance = f"{self.tolerance:g}"
         where = f"{self.dtype} on {self.device}"
@@ -73,7 +76,7 @@ class CheckReport:
             cells = [_fmt(r.logits_diff), _fmt(r.loss_diff), _fmt(r.grad_diff)]
             rows.append(f"| {r.backend} | {r.status} | " + " | ".join(cells) + f" | {r.reason or ''} |")
         if self.exercised:
-            rows += ["", "What the lengths exercised:"]
+            rows += ["", "What the check exercised:"]
             rows += [f"- {mechanism}: {what}" for mechanism, what in self.exercised.items()]
         return "\n".join(rows)
 
@@ -169,7 +172,9 @@ def check_model(
 
     Args:
         model: a `model_type` (`"llama"`), a folder with a `config.json`, a config (each shrunk by
-            `flatcollate.models.tiny_config`), or a model (copied, used at its size in fp32).
+            `flatcollate.models.tiny_config`), or a model (copied, used at its size in fp32). An image-text-to-text
+            architecture (qwen2_vl, llava, ...) is checked with images by `flatcollate.vision.check`: its family's
+            tiny recipe, examples with 1, 2 and 0 images, fp32 CPU (`lengths`, `overrides`, `device`, `dtype` unset).
         backends (`tuple[str, ...]`): `"sdpa"` and `"eager"` run transformers' own backends with `use_cache=False`
             and no `attention_mask`; `"flatcollate"` runs `prepare_model_for_flattening`.
         lengths (`tuple[int, ...]`, *optional*): sequence lengths of the flattened row; at least two, so the row has
@@ -193,6 +198,11 @@ def check_model(
     >>> report.passed, report.results[0].status
     (True, 'exact')
     """
+    from .vision.check import check_vision_model, image_text_model_type  # imports this module's report types
+
+    if image_text_model_type(model.config if isinstance(model, PreTrainedModel) else model) is not None:
+        options = {"lengths": lengths, "overrides": overrides, "device": device, "dtype": dtype}
+        return check_vision_model(model, backends=backends, seed=seed, tolerance=tolerance, **options)
     if lengths is not None and len(lengths) < 2:
         raise ValueError(
             f"`lengths` {list(lengths)} gives a row without a sequence boundary, so nothing could leak and the check "

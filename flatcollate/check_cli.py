@@ -17,6 +17,7 @@ from .check import DEFAULT_BACKENDS, CheckReport, check_model
 from .cli import HelpFormatter, UsageError
 from .modeling.families import UNSUPPORTED_FAMILIES
 from .models import tiny_config
+from .vision.check import image_text_model_type, not_built_reason
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,7 +31,8 @@ def register_cli(subparsers) -> None:
         help="check that a model is exact on flattened batches, per backend",
         description=(
             "Run a tiny random copy of MODEL on one flattened row and on the same sequences one at a time, per\n"
-            "attention backend, and compare logits, loss and gradients (fp32, CPU).\n\n"
+            "attention backend, and compare logits, loss and gradients (fp32, CPU). An image-text-to-text MODEL\n"
+            "(qwen2_vl, llava, ...) runs examples with 1, 2 and 0 images, flattened, against each example alone.\n\n"
             "Exit status 0 when the backend prepare_model_for_flattening selects is exact, 1 when it is not (or the\n"
             "family cannot be flattened exactly), 2 for a usage error. transformers' own backends are reported for\n"
             "information; --require-all-backends makes every checked backend count."
@@ -84,10 +86,17 @@ def register_cli(subparsers) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     _validate(args)
-    model_type, reason = _family_reason(args.model)
-    if reason is not None:
-        print(f"verdict: {model_type} is NOT safe with flatcollate: {reason}.")
-        return 1
+    image_text = image_text_model_type(args.model)
+    if image_text is not None:
+        _validate_image_text(args, image_text)
+        if (not_built := not_built_reason(image_text)) is not None:
+            print(f"verdict: {image_text} was not checked: {not_built}.")
+            return 1
+    else:
+        model_type, reason = _family_reason(args.model)
+        if reason is not None:
+            print(f"verdict: {model_type} is NOT safe with flatcollate: {reason}.")
+            return 1
     lengths = None if args.lengths is None else tuple(args.lengths)
     report = check_model(
         args.model,
@@ -137,6 +146,21 @@ def _validate(args: argparse.Namespace) -> None:
         if missing:
             raise UsageError(f"--backends {backend}: {missing}")
     validate_model_argument(args.model)
+
+
+def _validate_image_text(args: argparse.Namespace, model_type: str) -> None:
+    """Raise `UsageError` for options an image-text-to-text check does not take (its examples hold images)."""
+    given = {
+        "--lengths": args.lengths is not None,
+        "--device": args.device != "cpu",
+        "--dtype": args.dtype != "float32",
+    }
+    for option, set_ in given.items():
+        if set_:
+            raise UsageError(
+                f"{option}: {model_type} is an image-text-to-text architecture, checked on examples with 1, 2 and 0 "
+                f"images in float32 on the CPU; leave {option} out."
+            )
 
 
 def _known_backends() -> list[str]:

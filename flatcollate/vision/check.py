@@ -1,0 +1,221 @@
+"""`flatcollate check` for image-text-to-text families: a flattened image-text batch against each example alone.
+
+A tiny random copy of the family (`tiny_vision_lm`) takes examples laid out as its processor lays them out
+(`tiny_vision_examples`: 1, 2 and 0 images), flattened by `VisionDataCollatorWithFlattening`::
+
+    example 0   [t t <i i i i> t t t]
+    example 1   [t <i i> <i i i> t t t t]
+    example 2   [t t t t t]
+    row         [t t <i i i i> t t t | t <i i> <i i i> t t t t | t t t t t]   images in example order
+
+The row runs once per backend; the reference runs every example on its own, images included, with SDPA (not eager
+as for text families): the packed backend runs SDPA per sequence, and Gemma 3's projector gradients (~300) differ by
+8e-5 between eager and SDPA from fp32 rounding alone, above the 1e-5 tolerance. Logits, loss and gradients must agree
+within the tolerance (fp32 CPU), as for text families in `flatcollate.check`, whose report and verdict types this
+module fills.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+from .._conventions import IGNORE_INDEX
+from ..attention import ATTN_IMPLEMENTATION
+from ..check import BackendResult, CheckReport, _grads, _max_grad_diff, _run_flat, _set_vanilla, _token_losses
+from ..modeling import prepare_model_for_flattening, unsupported_reason
+from .collate import VisionDataCollatorWithFlattening
+from .layouts import TOKEN_TYPE_FIELDS
+from .tiny import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
+
+IMAGES_PER_EXAMPLE = (1, 2, 0)
+"""Images of the checked examples: one, several (their features must stay in order), none (a text-only sequence)."""
+
+REFUSALS = (ValueError, RuntimeError, TypeError, IndexError, NotImplementedError)
+"""What a model raises when it cannot take a flattened image-text batch (a refused argument, a shape mismatch); the
+check reports it as the backend's reason. Anything else is a bug and propagates."""
+
+_PER_TOKEN = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
+
+
+def image_text_model_type(model: str | PretrainedConfig) -> str | None:
+    """The `model_type` of `model` when it is an image-text-to-text architecture, else None.
+
+    Args:
+        model: a `model_type`, a folder with a `config.json`, or a config.
+
+    >>> image_text_model_type("qwen2_vl"), image_text_model_type("llama")
+    ('qwen2_vl', None)
+    """
+    if isinstance(model, PretrainedConfig):
+        model_type = model.model_type
+    elif (Path(model).expanduser() / "config.json").is_file():
+        model_type = json.loads((Path(model).expanduser() / "config.json").read_text()).get("model_type")
+    else:
+        model_type = model
+    return model_type if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES else None
+
+
+def not_built_reason(model_type: str) -> str | None:
+    """Why a family has no tiny model to check (`TINY_BUILD_NOTES`, or no recipe in `FAMILIES`), or None.
+
+    >>> not_built_reason("qwen2_vl") is None, not_built_reason("vision-encoder-decoder").startswith("not built as")
+    (True, True)
+    """
+    if model_type in FAMILIES:
+        return None
+    return f"not built as a tiny model: {TINY_BUILD_NOTES.get(model_type, 'no tiny recipe')}"
+
+
+def check_vision_model(
+    model: str | PretrainedConfig,
+    *,
+    backends: tuple[str, ...],
+    seed: int = 0,
+    tolerance: float | None = None,
+    lengths: tuple[int, ...] | None = None,
+    overrides: dict | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CheckReport:
+    """Compare a flattened image-text batch with each example run alone, per backend (fp32 CPU).
+
+    Args:
+        model: an image-text-to-text `model_type`, a folder with its `config.json` or its config; the family's tiny
+            recipe is built (`tiny_vision_lm`), not the folder's sizes.
+        backends (`tuple[str, ...]`): transformers' own backends (`"sdpa"`, `"eager"`) run the unprepared model on the
+            batch the collator emits (`use_cache=False`); `"flatcollate"` runs `prepare_model_for_flattening`.
+        seed (`int`): seed of the weights, tokens and pixels.
+        lengths, overrides, device, dtype: `check_model`'s options for text families; refused unless left as they
+            are (the examples come from `tiny_vision_examples` and run in float32 on the CPU).
+        tolerance (`float`, *optional*): largest absolute difference that counts as exact; by default 1e-5, or fp32's
+            resolution at a quantity's largest value where that is coarser (large projector gradients).
+
+    Returns:
+        `CheckReport`: `lengths` are the examples' token counts; a family without a tiny recipe gets every backend
+        `unsupported` with the reason it was not built.
+
+    >>> report = check_vision_model("llava", backends=("flatcollate",))
+    >>> report.results[0].status, report.lengths
+    ('exact', (23, 39, 12))
+    """
+    model_type = image_text_model_type(model.config if isinstance(model, PreTrainedModel) else model)
+    if model_type is None:
+        raise ValueError(f"{model!r} is not an image-text-to-text architecture; check it with `check_model`.")
+    if isinstance(model, PreTrainedModel):
+        raise TypeError(
+            f"A {model_type} model is checked from its family's tiny recipe (the examples are laid out for its sizes); "
+            f"pass its model_type {model_type!r} instead of the model."
+        )
+    given = {"lengths": lengths, "overrides": overrides or None}
+    given |= {"device": None if torch.device(device).type == "cpu" else device}
+    given |= {"dtype": None if dtype == torch.float32 else dtype}
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(
+                f"{model_type} is an image-text-to-text architecture: `{name}={value}` does not apply, its examples "
+                "come from `flatcollate.vision.tiny_vision_examples` (1, 2 and 0 images) and run in float32 on the "
+                f"CPU; leave `{name}` unset."
+            )
+    reason = not_built_reason(model_type)
+    if reason is not None:
+        results = [BackendResult(backend=b, status="unsupported", reason=reason) for b in backends]
+        return CheckReport(model_type=model_type, lengths=(), tolerance=tolerance or 1e-5, results=results)
+    base = tiny_vision_lm(model_type, seed=seed, attn_implementation="sdpa").eval()
+    examples = tiny_vision_examples(base, count=len(IMAGES_PER_EXAMPLE), seed=seed, images=IMAGES_PER_EXAMPLE)
+    batch = VisionDataCollatorWithFlattening.from_model(base)(examples)
+    ref_logits, ref_loss, ref_grads = _run_alone(base, examples)
+    tolerances = _tolerances(tolerance, ref_logits, ref_loss, ref_grads)
+    results = []
+    for backend in backends:
+        candidate = copy.deepcopy(base)
+        if backend == ATTN_IMPLEMENTATION:
+            reason = unsupported_reason(candidate)
+            if reason is None:
+                prepare_model_for_flattening(candidate)
+        else:
+            reason = _set_vanilla(candidate, backend)
+        if reason is None:
+            try:
+                logits, loss, grads = _run_flat(candidate, batch)
+            except REFUSALS as error:
+                reason = refusal_reason(error)
+        if reason is not None:
+            results.append(BackendResult(backend=backend, status="unsupported", reason=reason))
+            continue
+        diffs = {
+            "logits_diff": (logits - ref_logits).abs().max().item(),
+            "loss_diff": (loss - ref_loss).abs().item(),
+            "grad_diff": _max_grad_diff(grads, ref_grads),
+        }
+        exact = all(value <= tolerances[name] for name, value in diffs.items())
+        results.append(BackendResult(backend=backend, status="exact" if exact else "contaminated", **diffs))
+    return CheckReport(
+        model_type=model_type,
+        lengths=tuple(len(e["input_ids"]) for e in examples),
+        tolerance=max(tolerances.values()),
+        results=results,
+        exercised=_exercised(base, examples, model),
+        tolerances=tolerances,
+    )
+
+
+def _tolerances(tolerance: float | None, logits: torch.Tensor, loss: torch.Tensor, grads: dict) -> dict[str, float]:
+    """The given tolerance for every quantity; by default 1e-5, raised to fp32's resolution at the quantity's largest
+    reference value. Gemma 3's projector gradients reach ~300, where one fp32 step is 3e-5: one batched backward over
+    the row's images and one backward per example sum them in different orders (measured 2e-5 apart)."""
+    if tolerance is not None:
+        return {"logits_diff": tolerance, "loss_diff": tolerance, "grad_diff": tolerance}
+    eps = torch.finfo(torch.float32).eps
+    largest_grad = max((g.abs().max().item() for g in grads.values()), default=0.0)
+    sizes = {"logits_diff": logits.abs().max().item(), "loss_diff": loss.abs().item(), "grad_diff": largest_grad}
+    return {name: max(1e-5, eps * size) for name, size in sizes.items()}
+
+
+def refusal_reason(error: Exception) -> str:
+    """An exception as a one-line reason: its type and the first line of its message.
+
+    >>> refusal_reason(RuntimeError("shape mismatch\\nmore detail"))
+    'RuntimeError: shape mismatch'
+    """
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _run_alone(model: PreTrainedModel, examples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Reference: each example as a batch of one (its own positions, its own images); loss over all examples.
+
+    Returns `(1, T, V)` fp32 logits in example order, the token-weighted loss and the fp32 gradients.
+    """
+    model.zero_grad(set_to_none=True)
+    logits, total, count = [], 0.0, 0
+    for example in examples:  # one forward per example, never across
+        alone = {k: v[None] if k in _PER_TOKEN else v for k, v in example.items() if k != "labels"}
+        out = model(**alone, use_cache=False)
+        labels = example["labels"][None]
+        total = total + _token_losses(out.logits, labels)
+        count += int((labels[0, 1:] != IGNORE_INDEX).sum())
+        logits.append(out.logits.detach())
+    loss = total / count
+    loss.backward()
+    return torch.cat(logits, dim=1).float(), loss.detach().float(), _grads(model)
+
+
+def _exercised(model: PreTrainedModel, examples: list[dict], given) -> dict[str, str]:
+    """What the examples reach: images per example, image tokens, per-token types, the recipe built."""
+    config = model.config
+    image = getattr(config, "image_token_id", None)
+    image = getattr(config, "image_token_index", None) if image is None else image
+    tokens = [int((e["input_ids"] == image).sum()) for e in examples]
+    types = [field for field in TOKEN_TYPE_FIELDS if field in examples[0]]
+    exercised = {
+        "images": f"{', '.join(map(str, IMAGES_PER_EXAMPLE))} per example ({', '.join(map(str, tokens))} image tokens)",
+        "text-only sequence": "yes" if 0 in IMAGES_PER_EXAMPLE else "no",
+        "per-token types": ", ".join(types) if types else "not taken by this family",
+    }
+    if not isinstance(given, str) or given != config.model_type:
+        exercised["model"] = f"the {config.model_type} tiny recipe (the given config's sizes are not used)"
+    return exercised
