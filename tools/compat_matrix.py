@@ -6,6 +6,13 @@ offline and `flatcollate.check.check_model` compares a flattened row with the se
 (`prepare_model_for_flattening`). Writes a markdown table (and JSON) with exact / contaminated / unsupported.
 
     python tools/compat_matrix.py --output docs/compatibility.md --json benchmarks/results/compat_matrix.json
+
+With `--architectures image-text-to-text`, every `model_type` of `MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES` is
+checked with images instead (`flatcollate.vision.check`: the family's tiny recipe, examples with 1, 2 and 0 images,
+vanilla `sdpa` and `flatcollate`), or listed with the reason it was not built; each kind rewrites only its own section
+of `--output`:
+
+    python tools/compat_matrix.py --architectures image-text-to-text --output docs/compatibility.md
 """
 
 import argparse
@@ -21,10 +28,44 @@ import transformers
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+)
 
+from flatcollate.attention import ATTN_IMPLEMENTATION
 from flatcollate.check import DEFAULT_BACKENDS, check_model
 from flatcollate.models import tiny_config
+from flatcollate.vision.check import not_built_reason
+
+IMAGE_TEXT_HEADING = "## Image-text-to-text architectures"
+"""Heading of the image-text section of `--output`; the text section is everything before it."""
+
+IMAGE_TEXT_BACKENDS = ("sdpa", ATTN_IMPLEMENTATION)
+"""Vanilla transformers as a vision model is built (SDPA) and a prepared model."""
+
+_DELTA_NET = (
+    "measured: exact once it is no longer refused and `segment_mixers` runs its gated delta net once per sequence, "
+    "as for its text model"
+)
+INVESTIGATED: dict[str, str] = {
+    "shieldgemma2": (
+        "its image tokens attend bidirectionally, and the packed backend's `BLOCK_TOKEN_TYPE` (flatcollate.attention."
+        "bidirectional_blocks) lists gemma3 and paligemma only; measured exact with shieldgemma2 added"
+    ),
+    "lfm3_vl": (
+        "its short convolutions carry state along the row, and `segment_mixers` looks up the top-level model_type "
+        "(lfm3_vl) while `SEGMENTED_MIXERS` lists the text model's (lfm3); measured exact with lfm3_vl added"
+    ),
+    "mistral_large4": (
+        "its sparse-attention indexer reads `attention_mask[:, 0]`, which the packed backend leaves None (vanilla "
+        "SDPA builds a mask from the restarting positions)"
+    ),
+    "qwen3_5": _DELTA_NET,
+    "qwen3_5_moe": _DELTA_NET,
+}
+"""`model_type` -> the measured cause of a flatcollate verdict other than exact on image-text families (the reason
+column shows it after the check's own reason)."""
 
 SECONDS_PER_ARCHITECTURE = 90
 MAX_PARAMETERS = 20_000_000
@@ -73,6 +114,40 @@ def run_one(model_type: str, *, seconds: int = SECONDS_PER_ARCHITECTURE) -> dict
         "results": results,
         "lengths": list(report.lengths),
         "overrides": report.overrides,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run_one_image_text(model_type: str, *, seconds: int = SECONDS_PER_ARCHITECTURE) -> dict:
+    """One image-text-to-text family's row: checked with images, or the reason it was not built or did not run."""
+    started = time.perf_counter()
+    reason = not_built_reason(model_type)
+    if reason is not None:
+        return {"model_type": model_type, "error": reason, "seconds": 0.0}
+    signal.alarm(seconds)
+    try:
+        report = check_model(model_type, backends=IMAGE_TEXT_BACKENDS)
+    except Exception as error:  # a tiny recipe may stop working with a transformers release; the row records why
+        first = str(error).strip().splitlines()
+        message = f"{type(error).__name__}: {first[0][:160]}" if first else type(error).__name__
+        return {"model_type": model_type, "error": f"check failed: {message}", "seconds": time.perf_counter() - started}
+    finally:
+        signal.alarm(0)
+    results = {
+        r.backend: {
+            "status": r.status,
+            "logits_diff": r.logits_diff,
+            "loss_diff": r.loss_diff,
+            "grad_diff": r.grad_diff,
+            "reason": r.reason,
+        }
+        for r in report.results
+    }
+    return {
+        "model_type": model_type,
+        "results": results,
+        "lengths": list(report.lengths),
+        "tolerances": report.tolerances,
         "seconds": time.perf_counter() - started,
     }
 
@@ -130,11 +205,69 @@ def to_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def image_text_markdown(rows: list[dict]) -> str:
+    """The image-text-to-text section of `docs/compatibility.md`: one row per family of the mapping."""
+    built = [r for r in rows if "results" in r]
+    exact = [r for r in built if r["results"][ATTN_IMPLEMENTATION]["status"] == "exact"]
+    lines = [
+        IMAGE_TEXT_HEADING,
+        "",
+        "Generated by",
+        "`python tools/compat_matrix.py --architectures image-text-to-text --output docs/compatibility.md`",
+        f"with transformers {transformers.__version__}: for every `model_type` of",
+        "`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, a tiny random fp32 model on CPU (`flatcollate.vision.tiny`: 2",
+        "text layers, 1 vision layer) takes three examples with 1, 2 and 0 images, laid out as the family's processor",
+        "lays them out, flattened into one row by `VisionDataCollatorWithFlattening`; the reference runs each example",
+        "alone (SDPA). `exact` means logits, loss and gradients agree within 1e-5, or within fp32's resolution at the",
+        "quantity's size where that is coarser (the diffs column gives flatcollate's logits / loss / gradients gaps).",
+        "*vanilla transformers* is the unprepared model (SDPA, `use_cache=False`) on the same batch, the largest logit",
+        "difference in brackets; *flatcollate* is the model after `prepare_model_for_flattening`. Same check as",
+        "`flatcollate check <model_type>`.",
+        "",
+        f"flatcollate exact on **{len(exact)} of {len(built)}** families that build as tiny models "
+        f"({100 * len(exact) / max(len(built), 1):.0f}%); {len(rows) - len(built)} of the {len(rows)} families are not "
+        "built (reason given).",
+        "",
+        "| family | vanilla transformers | flatcollate | max abs diffs (logits / loss / grads) | reason |",
+        "|---|---|---|---|---|",
+    ]
+    for row in sorted(rows, key=lambda r: r["model_type"]):
+        if "error" in row:
+            lines.append(f"| {row['model_type']} | not built | not built |  | {row['error'].replace('|', '/')} |")
+            continue
+        vanilla, ours = row["results"]["sdpa"], row["results"][ATTN_IMPLEMENTATION]
+        diffs = (
+            " / ".join(f"{ours[k]:.1e}" for k in ("logits_diff", "loss_diff", "grad_diff"))
+            if ours["logits_diff"] is not None
+            else ""
+        )
+        why = "; ".join(filter(None, [ours["reason"], INVESTIGATED.get(row["model_type"])]))
+        cells = [_cell(vanilla), ours["status"], diffs, why.replace("|", "/")]
+        lines.append(f"| {row['model_type']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, markdown: str, *, image_text: bool) -> None:
+    """Replace the text section (everything before `IMAGE_TEXT_HEADING`) or the image-text section of `path`."""
+    old = path.read_text() if path.exists() else ""
+    text, heading, rest = old.partition(IMAGE_TEXT_HEADING)
+    section = heading + rest
+    text, section = (text, markdown) if image_text else (markdown, section)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text.rstrip("\n") + "\n\n" + section if text and section else text or section)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path("docs/compatibility.md"))
     parser.add_argument("--json", type=Path, default=None, help="also write the raw rows here")
     parser.add_argument("--only", nargs="+", default=None, help="model types to run (default: all)")
+    parser.add_argument(
+        "--architectures",
+        choices=("text", "image-text-to-text"),
+        default="text",
+        help="which mapping to run; each rewrites only its own section of --output",
+    )
     parser.add_argument(
         "--seconds", type=int, default=SECONDS_PER_ARCHITECTURE, help="time limit per architecture (more on a busy CPU)"
     )
@@ -146,13 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     transformers.logging.set_verbosity_error()
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
-    rows = [run_one(name, seconds=args.seconds) for name in tqdm(architectures(args.only), desc="architectures")]
+    image_text = args.architectures == "image-text-to-text"
+    names = sorted(args.only or MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) if image_text else architectures(args.only)
+    run = run_one_image_text if image_text else run_one
+    rows = [run(name, seconds=args.seconds) for name in tqdm(names, desc="architectures")]
     if args.merge is not None:
         fresh = {row["model_type"]: row for row in rows}
         earlier = json.loads(args.merge.read_text())
         rows = [fresh.pop(row["model_type"], row) for row in earlier] + list(fresh.values())
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(to_markdown(rows))
+    write_section(args.output, image_text_markdown(rows) if image_text else to_markdown(rows), image_text=image_text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1))
