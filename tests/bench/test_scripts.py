@@ -43,3 +43,16 @@ def test_pack_speed_shows_progress(capsys):
     assert {r.packer for r in results} == {"flatcollate", "trl"}
     assert all(r.num_sequences == 200 for r in results)
     assert "4/4" in capsys.readouterr().err  # 2 profiles x 2 packers x 1 repeat
+
+
+def test_compile_speed_with_one_repeat_writes_json_and_markdown_where_asked(tmp_path, monkeypatch, capsys):
+    script = load("compile_speed")
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--layers", "1", "--hidden-size", "32", "--batch-size", "2", "--max-length", "32", "--warmup", "0"]
+    # dynamo's tracing without a backend compiler ("eager"): the script's plumbing, not inductor's compile time
+    assert script.main([*tiny, "--repeats", "1", "--backends", "eager", "--no-progress", "--output", "out"]) == 0
+    assert "| llama 1x32 | eager | True |" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cpu.json", "cpu.md"]
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([*tiny, "--repeats", "0"])
+    assert exit_info.value.code == 2 and "--repeats" in capsys.readouterr().err
