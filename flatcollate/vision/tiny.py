@@ -66,7 +66,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "evolla": "config: AttributeError: 'EvollaConfig' has no 'text_config'",
     "fast_vlm": "build: ImportError: TimmWrapperModel requires the timm library (not installed here)",
     "florence2": "config: StrictDataclassFieldValidationError: field 'num_heads':",
-    "fuyu": "config: AttributeError: 'FuyuConfig' has no 'vision_config'",
     "gemma3n": "build: ImportError: TimmWrapperModel requires the timm library (not installed here)",
     "gemma4": "config: AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute",
     "gemma4_unified": "config: AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute",
@@ -148,7 +147,7 @@ def tiny_vision_config(model_type: str) -> PretrainedConfig:
     for name, value in family.text.items():
         setattr(text, name, {**getattr(text, name), **value} if isinstance(value, dict) else value)
     config.text_config = text
-    vision = config.vision_config
+    vision = getattr(config, "vision_config", None) or config  # Fuyu embeds patches without a vision tower
     for name, value in {**TINY_VISION_SIZES, **family.vision}.items():
         if name in family.vision or getattr(vision, name, None) is not None:
             setattr(vision, name, value)
@@ -188,9 +187,12 @@ def image_feature_count(model: PreTrainedModel, fields: dict[str, torch.Tensor])
     counts only, so features of another width would pass it folded into the wrong number of tokens.
     """
     hidden = model.config.text_config.hidden_size
+    inner = model if hasattr(model, "get_image_features") else model.model  # FuyuForCausalLM has it on `.model`
     with torch.no_grad():
-        out = model.get_image_features(**fields)
+        out = inner.get_image_features(**fields)
     features = getattr(out, "pooler_output", out)
+    if features is None:  # Fuyu: the patch embeddings are the features
+        features = out.last_hidden_state
     features = list(features) if isinstance(features, (list, tuple)) else [features]
     widths = {f.shape[-1] for f in features}
     if widths != {hidden}:
@@ -243,7 +245,7 @@ def tiny_vision_examples(
         for _ in range(images[index % len(images)]):
             size = family.sizes[int(torch.randint(len(family.sizes), (1,), generator=generator))]
             fields = family.pixels(model, size, generator)
-            block += family.block(config, ids, image_feature_count(model, fields), fields)
+            block += family.block(config, ids, image_feature_count(model, fields), fields, size)
             parts.append(fields)
         prompt = torch.randint(*TEXT_IDS, (int(torch.randint(2, 6, (1,), generator=generator)),), generator=generator)
         answer = torch.randint(*TEXT_IDS, (int(torch.randint(4, 12, (1,), generator=generator)),), generator=generator)

@@ -17,8 +17,8 @@ class Family:
 
     `pixels(model, size, generator)` returns the vision fields of one image of a size drawn from `sizes` (pixels,
     patches or tiles, as the recipe reads it), `merge(parts)` joins the fields of an example's images, and
-    `block(config, ids, count, fields)` returns the token ids standing for one image of `count` features (`ids`:
-    the layout tokens by name). `vision`, `text`, `top` and `nested` override config attributes after shrinking.
+    `block(config, ids, count, fields, size)` returns the token ids standing for one image of `count` features
+    (`ids`: the layout tokens by name). `vision`, `text`, `top` and `nested` override config attributes after shrinking.
     """
 
     pixels: Callable
@@ -81,6 +81,13 @@ def _siglip2_pixels(model, size, generator):
     }
 
 
+def _fuyu_pixels(model, size, generator):
+    """`pixel_values: (1, h * w, P * P * C)`: Fuyu's patches of one image row by row, no vision tower."""
+    config = model.config
+    width = config.patch_size**2 * config.num_channels
+    return {"pixel_values": torch.randn(1, size[0] * size[1], width, generator=generator)}
+
+
 def _tile_pixels(model, size, generator):
     """`pixel_values: (1, tiles, C, s, s)`, `pixel_attention_mask: (1, tiles, s, s) bool`; `size` = (rows, cols)."""
     side = model.config.vision_config.image_size
@@ -126,21 +133,21 @@ def image_id(config) -> int:
     return config.image_token_id if getattr(config, "image_token_id", None) is not None else config.image_token_index
 
 
-def _plain(config, ids, count, fields):
+def _plain(config, ids, count, fields, size):
     return [image_id(config)] * count
 
 
 def _wrapped(start, end):
     """`<start> <image> x count <end>`, with `start`/`end` naming config attributes or layout tokens."""
 
-    def block(config, ids, count, fields):
+    def block(config, ids, count, fields, size):
         first, last = (getattr(config, name) if hasattr(config, name) else ids[name] for name in (start, end))
         return [first, *[image_id(config)] * count, last]
 
     return block
 
 
-def _pixtral_rows(config, ids, count, fields):
+def _pixtral_rows(config, ids, count, fields, size):
     """Mistral 3: rows of [IMG] each closed by [IMG_BREAK], the last by [IMG_END]."""
     merge = config.vision_config.patch_size * config.spatial_merge_size
     height, width = (int(s) for s in fields["image_sizes"][0])
@@ -151,7 +158,15 @@ def _pixtral_rows(config, ids, count, fields):
     return [*block[:-1], ids["img_end"]]
 
 
-def _idefics_tiles(config, ids, count, fields):
+def _fuyu_rows(config, ids, count, fields, size):
+    """Fuyu: a row of image tokens per row of patches, each closed by a newline token."""
+    rows, cols = size
+    if rows * cols != count:
+        raise ValueError(f"fuyu: {rows} x {cols} patches for {count} image features")
+    return ([image_id(config)] * cols + [ids["image_newline"]]) * rows
+
+
+def _idefics_tiles(config, ids, count, fields, size):
     """Idefics3 / SmolVLM: `<fake><row_r_col_c><image> x n` per tile, then `<fake><global-img><image> x n<fake>`."""
     tiles = fields["pixel_values"].shape[1]
     per_tile = count // tiles
@@ -328,6 +343,14 @@ FAMILIES: dict[str, Family] = {
         vision={"patch_size": 4, "image_size": 32},
         top={"merged_hidden_size": 256},  # 2 x 2 merged patches of 2 frames, vision width 32
         text={"shared_intermediate_size": 64, "dense_intermediate_size": 128},
+    ),
+    "fuyu": Family(
+        pixels=_fuyu_pixels,
+        merge=_cat_tiles,
+        block=_fuyu_rows,
+        sizes=((2, 2), (2, 3), (3, 1), (1, 4)),  # patches
+        top={"patch_size": 4},
+        layout=("image_newline",),
     ),
     "gemma3": Family(**_GEMMA3),
     "llava": Family(pixels=_square_pixels, merge=_cat, block=_plain, top={"image_seq_length": 16}),
