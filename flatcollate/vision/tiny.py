@@ -73,7 +73,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "glm5_next": "build: 58.6M parameters after shrinking, largest model.visual.merger.up_proj.weight",
     "got_ocr2": "build: ValueError: GotOcr2ForConditionalGeneration has no SDPA path",
     "granite4_vision": "build: TypeError: object of type 'NoneType' has no len()",
-    "granite_docling": "examples: IndexError: The shape of the mask [1, 1, 32, 32] at index 2 does not match the sh...",
     "hunyuan_vl": "forward: ValueError: HunYuanVL expects at least 3 multimodal RoPE axes, got 0.",
     "idefics": "config: AttributeError: 'IdeficsConfig' has no 'text_config'",
     "inkling2": "build: 22.4M parameters after shrinking, largest model.vision_tower.merger.linear_2.weight",

@@ -81,6 +81,12 @@ def _siglip2_pixels(model, size, generator):
     }
 
 
+def _docling_pixels(model, size, generator):
+    """Idefics3's tiles with one mask flag per tile: `pixel_attention_mask: (1, tiles) bool` (Granite Docling)."""
+    fields = _tile_pixels(model, size, generator)
+    return {**fields, "pixel_attention_mask": fields["pixel_attention_mask"].flatten(2).all(-1)}
+
+
 def _fuyu_pixels(model, size, generator):
     """`pixel_values: (1, h * w, P * P * C)`: Fuyu's patches of one image row by row, no vision tower."""
     config = model.config
@@ -343,6 +349,10 @@ FAMILIES: dict[str, Family] = {
         vision={"patch_size": 4, "image_size": 32},
         top={"merged_hidden_size": 256},  # 2 x 2 merged patches of 2 frames, vision width 32
         text={"shared_intermediate_size": 64, "dense_intermediate_size": 128},
+    ),
+    "granite_docling": Family(
+        **{**_IDEFICS, "pixels": _docling_pixels},
+        vision={"out_hidden_size": 64, "scale_factor": 2, "deepstack_visual_indexes": [0]},
     ),
     "fuyu": Family(
         pixels=_fuyu_pixels,
