@@ -173,12 +173,16 @@ def test_graph_breaks_do_not_grow_with_the_number_of_layers():
     assert two.break_reasons == four.break_reasons == []
 
 
-def test_guard_refuses_mixing_arguments_under_compile():
+def test_guard_checks_every_call_under_compile():
     model = prepare_model_for_flattening(tiny_causal_lm("llama")).train()
-    compiled = torch.compile(model, backend="eager", dynamic=True)
-    batch = flattened_batches()[0]
-    with pytest.raises(ValueError, match="attention_mask"):
-        compiled(**batch, attention_mask=torch.ones_like(batch["input_ids"]))
-    arange = torch.arange(batch["input_ids"].shape[1])[None]
+    counter = CountingBackend("eager")
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    first, second = flattened_batches()[:2]
+    compiled(**first)
+    # Same arguments and dtypes as the compiled call, so no new trace: the guard refuses at run time.
+    arange = torch.arange(second["input_ids"].shape[1])[None]
     with pytest.raises(ValueError, match="do not restart where `cu_seq_lens_q` starts sequences"):
-        compiled(**{**batch, "position_ids": arange})
+        compiled(**{**second, "position_ids": arange})
+    assert counter.compiles == 1
+    with pytest.raises(ValueError, match="attention_mask"):
+        compiled(**second, attention_mask=torch.ones_like(second["input_ids"]))
