@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .packed_segments import PackedSegments, host_boundaries
 
-BLOCK_TOKEN_TYPE = {"gemma3": 1, "paligemma": 0}
+BLOCK_TOKEN_TYPE = {"gemma3": 1, "shieldgemma2": 1, "paligemma": 0}
 """`model_type` -> the `token_type_ids` value whose runs attend bidirectionally."""
 
 BLOCKS_KEY = "bidirectional_blocks"

@@ -19,8 +19,6 @@ UNSUPPORTED_FAMILIES: dict[str, str] = {
     "bamba": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
     "granitemoehybrid": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
     "zamba2": "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`",
-    "qwen3_5": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
-    "qwen3_5_moe": "its linear-attention layers need the fla kernels to honour `cu_seq_lens`",
     "lfm2_moe": "its short-convolution layers mix neighbouring tokens across sequence boundaries",
     "recurrent_gemma": "its recurrent layers carry state across sequence boundaries",
     "rwkv": "its recurrent layers carry state across sequence boundaries",
@@ -50,6 +48,9 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     model_type = getattr(config, "model_type", "")
     if model_type in UNSUPPORTED_FAMILIES:
         return UNSUPPORTED_FAMILIES[model_type]
+    text_type = getattr(config.get_text_config(), "model_type", "") if hasattr(config, "get_text_config") else ""
+    if text_type in UNSUPPORTED_FAMILIES:  # an image-text model built on a family that cannot be exact
+        return f"its language model ({text_type}): {UNSUPPORTED_FAMILIES[text_type]}"
     if getattr(config, "is_encoder_decoder", False):
         return "it is an encoder-decoder model; flattening applies to decoder-only causal LMs"
     if not getattr(config, "is_causal", True):

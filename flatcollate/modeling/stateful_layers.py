@@ -47,6 +47,7 @@ SEGMENTED_MIXERS: dict[str, tuple[str, ...]] = {
 _ROW_ONLY_KEYS = frozenset({*FLASH_KWARG_KEYS, "seq_idx"})
 """Keyword arguments that describe the whole row; a layer running on one sequence gets none of them."""
 
+
 def row_bounds(arguments: dict) -> list[int] | None:
     """Sequence boundaries of a flattened single-row batch (`[0, ..., T]`), or None when it is not one.
 
@@ -164,6 +165,14 @@ def _record_bounds(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             layer._gradient_checkpointing_func = wrapped
 
 
+def mixer_names(config) -> tuple[str, ...]:
+    """Class names of the state-carrying layers of a family: by its `model_type`, or by its language model's for a
+    composite model (an image-text model built on `lfm3` or `qwen3_5_text`)."""
+    names = SEGMENTED_MIXERS.get(getattr(config, "model_type", ""), ())
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return names or SEGMENTED_MIXERS.get(getattr(text, "model_type", ""), ())
+
+
 def segment_mixers(model: PreTrainedModel) -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
 
@@ -172,7 +181,7 @@ def segment_mixers(model: PreTrainedModel) -> int:
     recomputation (`_checkpoint_with_bounds`), so two forwards before one backward stay exact.
 
     Args:
-        model (`PreTrainedModel`): a model whose `model_type` is in `SEGMENTED_MIXERS`.
+        model (`PreTrainedModel`): a model whose `model_type`, or its language model's, is in `SEGMENTED_MIXERS`.
 
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).
@@ -181,7 +190,7 @@ def segment_mixers(model: PreTrainedModel) -> int:
     >>> segment_mixers(tiny_causal_lm("mamba"))
     2
     """
-    names = SEGMENTED_MIXERS.get(getattr(model.config, "model_type", ""), ())
+    names = mixer_names(model.config)
     if not names or hasattr(model, "_flatcollate_row"):
         return 0
     row = RowBounds()

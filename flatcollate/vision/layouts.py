@@ -17,7 +17,7 @@ GRID_FAMILIES = frozenset(
 )
 """Families whose images fill `t * h / merge * w / merge` placeholders each (`image_grid_thw`)."""
 
-FIXED_COUNT_FAMILIES = frozenset({"llava", "vipllava", "paligemma", "gemma3", "llava_next_video"})
+FIXED_COUNT_FAMILIES = frozenset({"llava", "vipllava", "paligemma", "gemma3", "shieldgemma2", "llava_next_video"})
 """Families whose every image fills the same number of placeholders (one feature map per image)."""
 
 BATCH_FIRST_FIELDS = {
@@ -96,7 +96,9 @@ class VisionLayout:
             image_token_id=image,
             video_token_id=getattr(config, "video_token_id", None),
             merge_size=merge,
-            tokens_per_image=getattr(config, "mm_tokens_per_image", None) if family == "gemma3" else None,
+            tokens_per_image=getattr(config, "mm_tokens_per_image", None)
+            if family in ("gemma3", "shieldgemma2")
+            else None,
             same_count=family in FIXED_COUNT_FAMILIES,
             batch_first=BATCH_FIRST_FIELDS.get(family, ()),
             padded=PADDED_FIELDS.get(family, ()),
