@@ -80,7 +80,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "instructblip": "build: 187.2M parameters after shrinking, largest qformer.embeddings.word_embeddings.weight",
     "instructblipvideo": "build: 187.2M parameters after shrinking, largest qformer.embeddings.word_embeddings.weight",
     "janus": "build: 114.1M parameters after shrinking, largest model.generation_head.vision_head.weight",
-    "kimi_k25": "examples: RuntimeError: Expected 3D (unbatched) or 4D (batched) input to conv2d, but got input of...",
     "kosmos-2": "examples: AttributeError: 'Kosmos2ForConditionalGeneration' has no 'get_image_features'",
     "kosmos-2.5": "examples: AttributeError: 'Kosmos2_5VisionConfig' has no 'image_size'",
     "llama4": "examples: AttributeError: 'NoneType' has no 'numel' (get_image_features leaves pooler_output None)",
@@ -90,11 +89,9 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "mistral4": "config: AttributeError: 'Mistral4Config' has no 'text_config'",
     "mllama": "examples: AttributeError: 'MllamaForConditionalGeneration' has no 'get_image_features'",
     "molmo2": "config: StrictDataclassFieldValidationError: field 'image_size':",
-    "muse_glimmer": "examples: RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x48 and 96x32)",
     "muse_spark": "build: 122.6M parameters after shrinking, largest model.audio_tower.proj.weight",
     "nemotron_h_omni": "build: 5.4M parameters after shrinking, largest vision_model.embeddings.position_embedding",
     "ovis2": "examples: ValueError: ovis2: image features of width [1536], not the text width 64",
-    "paddleocr_vl": "examples: ValueError: not enough values to unpack (expected 5, got 3)",
     "perception_lm": "build: ImportError: TimmWrapperModel requires the timm library (not installed here)",
     "pi0": "config: AttributeError: 'PI0Config' has no 'text_config'",
     "pix2struct": "examples: AttributeError: 'Pix2StructVisionConfig' has no 'image_size'",
@@ -108,7 +105,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "t5gemma2": "config: AttributeError: 'T5Gemma2Config' has no 'text_config'",
     "udop": "config: AttributeError: 'UdopConfig' has no 'text_config'",
     "unlimited_ocr": "build: 398.4M parameters after shrinking, largest model.vision_tower.sam_encoder.proj.conv2.w...",
-    "video_llama_3": "examples: TypeError: VideoLlama3Model.get_image_features() needs 'image_merge_sizes'",
     "vision-encoder-decoder": "config: AttributeError: 'VisionEncoderDecoderConfig' has no 'text_config'",
 }
 

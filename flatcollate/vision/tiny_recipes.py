@@ -66,8 +66,21 @@ def _qwen_pixels(model, size, generator):
     vision = model.config.vision_config
     h, w = size  # in patches
     channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", 3)
-    width = channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size**2
+    frames = getattr(vision, "temporal_patch_size", None) or getattr(vision, "patch_temporal", 1)
+    width = channels * frames * vision.patch_size**2
     return {"pixel_values": torch.randn(h * w, width, generator=generator), "image_grid_thw": torch.tensor([[1, h, w]])}
+
+
+def _patch_image_pixels(model, size, generator):
+    """`pixel_values: (h * w, C, P, P)`: Qwen's patches kept as small images (Kimi-K2.5, PaddleOCR-VL)."""
+    fields = _qwen_pixels(model, size, generator)
+    patch = model.config.vision_config.patch_size
+    return {**fields, "pixel_values": fields["pixel_values"].view(-1, 3, patch, patch)}
+
+
+def _merge_size_pixels(model, size, generator):
+    """Qwen's patches and `image_merge_sizes: (1,) int64` (VideoLLaMA 3 merges images 2 x 2)."""
+    return {**_qwen_pixels(model, size, generator), "image_merge_sizes": torch.tensor([2])}
 
 
 def _siglip2_pixels(model, size, generator):
@@ -209,7 +222,8 @@ _IDEFICS = {
     "top": {"scale_factor": 2},
     "layout": _IDEFICS_LAYOUT,
 }
-_QWEN = {"pixels": _qwen_pixels, "merge": _cat, "sizes": ((4, 4), (4, 6), (8, 4), (2, 6))}  # patches; 2x2 merge
+_PATCHES = {"merge": _cat, "sizes": ((4, 4), (4, 6), (8, 4), (2, 6))}  # patches; merged 2 x 2
+_QWEN = {"pixels": _qwen_pixels, **_PATCHES}
 _ANYRES = {
     "pixels": _anyres_pixels,
     "merge": _cat_padded,
@@ -353,6 +367,28 @@ FAMILIES: dict[str, Family] = {
     "granite_docling": Family(
         **{**_IDEFICS, "pixels": _docling_pixels},
         vision={"out_hidden_size": 64, "scale_factor": 2, "deepstack_visual_indexes": [0]},
+    ),
+    "kimi_k25": Family(
+        **_PATCHES,
+        pixels=_patch_image_pixels,
+        block=_wrapped("vision_start_token_id", "vision_end_token_id"),
+        vision={"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8},
+        top={"projection_hidden_size": 32},
+    ),
+    "paddleocr_vl": Family(
+        **_PATCHES,
+        pixels=_patch_image_pixels,
+        block=_wrapped("vision_start_token_id", "vision_end_token_id"),
+        vision={"patch_size": 4},
+        text={"rope_parameters": _MROPE},
+    ),
+    "video_llama_3": Family(**_PATCHES, pixels=_merge_size_pixels, block=_plain, vision={"patch_size": 4}),
+    "muse_glimmer": Family(
+        **_PATCHES,
+        pixels=_qwen_pixels,
+        block=_plain,
+        vision={"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "layer_types": ["full_attention"]},
+        top={"out_hidden_size": 128},  # 2 x 2 merged patches of vision width 32
     ),
     "fuyu": Family(
         pixels=_fuyu_pixels,
