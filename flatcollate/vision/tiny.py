@@ -52,7 +52,7 @@ _NOT_MULTIMODAL = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id
 # tried. Stages: config (shrinking), build (parameters counted on the meta device; > 3M counts as not tiny),
 # examples (`get_image_features`), forward (the model alone on an example).
 TINY_BUILD_NOTES: dict[str, str] = {
-    "blip": "build: ValueError: BlipForConditionalGeneration has no SDPA path",
+    "blip": "examples: AttributeError: 'BlipForConditionalGeneration' has no 'model' (nor get_image_features)",
     "blip-2": "build: 106.7M parameters after shrinking, largest qformer.encoder.layer.9.output_query.dense.weight",
     "chameleon": "config: AttributeError: 'ChameleonConfig' has no 'text_config'",
     "cohere_compass": "build: KeyError: 'full_attention'",
@@ -71,7 +71,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "gemma4_unified": "config: AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute",
     "git": "config: AttributeError: 'GitConfig' has no 'text_config'",
     "glm5_next": "build: 58.6M parameters after shrinking, largest model.visual.merger.up_proj.weight",
-    "got_ocr2": "build: ValueError: GotOcr2ForConditionalGeneration has no SDPA path",
     "granite4_vision": "build: TypeError: object of type 'NoneType' has no len()",
     "hunyuan_vl": "forward: ValueError: HunYuanVL expects at least 3 multimodal RoPE axes, got 0.",
     "idefics": "config: AttributeError: 'IdeficsConfig' has no 'text_config'",
@@ -82,7 +81,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "janus": "build: 114.1M parameters after shrinking, largest model.generation_head.vision_head.weight",
     "kosmos-2": "examples: AttributeError: 'Kosmos2ForConditionalGeneration' has no 'get_image_features'",
     "kosmos-2.5": "examples: AttributeError: 'Kosmos2_5VisionConfig' has no 'image_size'",
-    "llama4": "examples: AttributeError: 'NoneType' has no 'numel' (get_image_features leaves pooler_output None)",
     "minicpm_ocr": "examples: TypeError: MiniCPMOcrModel.get_image_features() needs 'target_sizes'",
     "minicpmv4_6": "examples: TypeError: MiniCPMV4_6Model.get_image_features() needs 'target_sizes'",
     "minicpmv4_7": "examples: TypeError: MiniCPMV4_7Model.get_image_features() needs 'target_sizes'",
@@ -95,7 +93,6 @@ TINY_BUILD_NOTES: dict[str, str] = {
     "perception_lm": "build: ImportError: TimmWrapperModel requires the timm library (not installed here)",
     "pi0": "config: AttributeError: 'PI0Config' has no 'text_config'",
     "pix2struct": "examples: AttributeError: 'Pix2StructVisionConfig' has no 'image_size'",
-    "pp_chart2table": "build: ValueError: GotOcr2ForConditionalGeneration has no SDPA path",
     "pp_formulanet": "build: 10.9M parameters after shrinking, largest model.encoder.multi_modal_projector.conv2.we...",
     "qianfan_ocr": "build: TypeError: 'int' object is not subscriptable",
     "qwen2_5_omni_thinker": "build: 640.3M parameters after shrinking, largest model.audio_tower.layers.9.fc2.weight",
@@ -120,7 +117,8 @@ def tiny_vision_lm(model_type: str, *, seed: int = 0, attn_implementation: str =
         attn_implementation: backend of the model (`"sdpa"`, `"eager"`, `"flatcollate"`, ...).
 
     Returns:
-        `PreTrainedModel` in fp32, in the mode `from_config` leaves it.
+        `PreTrainedModel` in fp32, in the mode `from_config` leaves it; a family without an SDPA path gets `eager`
+        when `sdpa` (the default) is asked for.
 
     >>> m = tiny_vision_lm("llava")
     >>> m.config.text_config.hidden_size, m.config.text_config.vocab_size, m.config.image_token_id
@@ -130,6 +128,9 @@ def tiny_vision_lm(model_type: str, *, seed: int = 0, attn_implementation: str =
         known = ", ".join(sorted(FAMILIES))
         raise ValueError(f"model_type={model_type!r} has no tiny vision recipe; known: {known}.")
     config = tiny_vision_config(model_type)
+    model_class = AutoModelForImageTextToText._model_mapping[type(config)]
+    if attn_implementation == "sdpa" and not model_class._supports_sdpa:
+        attn_implementation = "eager"  # as `tiny_causal_lm`: families without an SDPA path run eager
     torch.manual_seed(seed)
     return AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
 

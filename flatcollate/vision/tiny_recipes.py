@@ -253,6 +253,12 @@ _PERCEIVER = {  # Idefics2's resampler: 4 latents per image
     "resampler_head_dim": 16,
     "num_key_value_heads": 1,
 }
+_SAM = {
+    "output_channels": 32,
+    "mlp_dim": 64,
+    "window_size": 2,
+    "image_size": 64,
+}  # GOT-OCR2: SAM encoder, neck; 4 tokens
 _SQUARE = {"pixels": _square_pixels, "merge": _cat}
 _MROPE = {"mrope_section": [2, 3, 3]}  # sums to head_dim // 2 = 8
 _QWEN2_5 = {**_QWEN, "text": {"rope_parameters": _MROPE}}
@@ -390,6 +396,18 @@ FAMILIES: dict[str, Family] = {
         vision={"patch_size": 4, "pos_emb_height": 8, "pos_emb_width": 8, "layer_types": ["full_attention"]},
         top={"out_hidden_size": 128},  # 2 x 2 merged patches of vision width 32
     ),
+    "llama4": Family(
+        **_SQUARE,
+        block=_wrapped("boi_token_index", "eoi_token_index"),
+        vision={
+            "intermediate_size": 128,
+            "vision_output_dim": 64,
+            "projector_input_dim": 64,
+            "projector_output_dim": 64,
+        },
+    ),
+    "got_ocr2": Family(**_SQUARE, block=_plain, vision=_SAM),
+    "pp_chart2table": Family(**_SQUARE, block=_plain, vision=_SAM),
     "fuyu": Family(
         pixels=_fuyu_pixels,
         merge=_cat_tiles,
