@@ -37,8 +37,8 @@ def test_gemma3_and_llava(family, vanilla):
     ("family", "prepared"),
     [
         ("lfm2_vl", "exact"),
-        # Measured: its sparse-attention indexer reads `attention_mask[:, 0]`, which the packed backend leaves None.
-        ("mistral_large4", "unsupported"),
+        # Its sparse-attention indexer reads the attention mask: it keeps transformers' SDPA (`KEEP_OWN_BACKEND`).
+        ("mistral_large4", "exact"),
     ],
 )
 def test_families_whose_processor_pads_images_are_collated_as_it_pads_them(family, prepared):

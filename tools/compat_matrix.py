@@ -44,26 +44,7 @@ IMAGE_TEXT_HEADING = "## Image-text-to-text architectures"
 IMAGE_TEXT_BACKENDS = ("sdpa", ATTN_IMPLEMENTATION)
 """Vanilla transformers as a vision model is built (SDPA) and a prepared model."""
 
-_DELTA_NET = (
-    "measured: exact once it is no longer refused and `segment_mixers` runs its gated delta net once per sequence, "
-    "as for its text model"
-)
-INVESTIGATED: dict[str, str] = {
-    "shieldgemma2": (
-        "its image tokens attend bidirectionally, and the packed backend's `BLOCK_TOKEN_TYPE` (flatcollate.attention."
-        "bidirectional_blocks) lists gemma3 and paligemma only; measured exact with shieldgemma2 added"
-    ),
-    "lfm3_vl": (
-        "its short convolutions carry state along the row, and `segment_mixers` looks up the top-level model_type "
-        "(lfm3_vl) while `SEGMENTED_MIXERS` lists the text model's (lfm3); measured exact with lfm3_vl added"
-    ),
-    "mistral_large4": (
-        "its sparse-attention indexer reads `attention_mask[:, 0]`, which the packed backend leaves None (vanilla "
-        "SDPA builds a mask from the restarting positions)"
-    ),
-    "qwen3_5": _DELTA_NET,
-    "qwen3_5_moe": _DELTA_NET,
-}
+INVESTIGATED: dict[str, str] = {}
 """`model_type` -> the measured cause of a flatcollate verdict other than exact on image-text families (the reason
 column shows it after the check's own reason)."""
 
@@ -218,8 +199,9 @@ def image_text_markdown(rows: list[dict]) -> str:
         "`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, a tiny random fp32 model on CPU (`flatcollate.vision.tiny`: 2",
         "text layers, 1 vision layer) takes three examples with 1, 2 and 0 images, laid out as the family's processor",
         "lays them out, flattened into one row by `VisionDataCollatorWithFlattening`; the reference runs each example",
-        "alone (SDPA). `exact` means logits, loss and gradients agree within 1e-5, or within fp32's resolution at the",
-        "quantity's size where that is coarser (the diffs column gives flatcollate's logits / loss / gradients gaps).",
+        "alone (SDPA). `exact` means logits, loss and gradients agree within 1e-5, or within eight fp32 rounding steps",
+        "at the quantity's size where that is coarser (a projector's gradient sums over every image token, in another",
+        "order when batched); the diffs column gives flatcollate's logits / loss / gradients gaps.",
         "*vanilla transformers* is the unprepared model (SDPA, `use_cache=False`) on the same batch, the largest logit",
         "difference in brackets; *flatcollate* is the model after `prepare_model_for_flattening`. Same check as",
         "`flatcollate check <model_type>`.",

@@ -60,6 +60,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 
 KEEP_OWN_BACKEND: dict[str, str] = {
     "doge": "its attention adds a learned dynamic mask, which the packed kernels cannot apply",
+    "mistral_large4": "its sparse-attention indexer reads the attention mask, which the packed backend does not build",
 }
 """`model_type` -> why it keeps transformers' backend (exact there with restarting `position_ids`)."""
 

@@ -36,6 +36,8 @@ VANILLA = {
     "lfm3_vl": "contaminated",
     "qwen3_5": "refused",
     "qwen3_5_moe": "refused",
+    "mistral_large4": "exact",
+    "minimax_m3_vl": "exact",
 }
 """What the unprepared model (SDPA) gives on the collator's batch, measured: multimodal-RoPE families number the row as
 one sequence, Gemma 3 / PaliGemma's image-block overlay drops transformers' packed-sequence mask; LLaVA-style families
