@@ -157,6 +157,18 @@ def _max_grad_diff(a: dict, b: dict) -> float:
     return max((a.get(n, zero) - b.get(n, zero)).abs().max().item() for n in names) if names else 0.0
 
 
+def compared(backend: str, run: tuple, reference: tuple, tolerances: dict[str, float]) -> BackendResult:
+    """A backend's `(logits, loss, grads)` against the reference's: exact when every gap is within its tolerance."""
+    (logits, loss, grads), (ref_logits, ref_loss, ref_grads) = run, reference
+    diffs = {
+        "logits_diff": (logits - ref_logits).abs().max().item(),
+        "loss_diff": (loss - ref_loss).abs().item(),
+        "grad_diff": _max_grad_diff(grads, ref_grads),
+    }
+    exact = all(value <= tolerances[name] for name, value in diffs.items())
+    return BackendResult(backend=backend, status="exact" if exact else "contaminated", **diffs)
+
+
 def check_model(
     model: str | PretrainedConfig | PreTrainedModel,
     *,
@@ -237,13 +249,7 @@ def check_model(
         if reason is not None:
             results.append(BackendResult(backend=backend, status="unsupported", reason=reason))
             continue
-        diffs = {
-            "logits_diff": (logits - ref_logits).abs().max().item(),
-            "loss_diff": (loss - ref_loss).abs().item(),
-            "grad_diff": _max_grad_diff(grads, ref_grads),
-        }
-        exact = all(value <= tolerances[name] for name, value in diffs.items())
-        results.append(BackendResult(backend=backend, status="exact" if exact else "contaminated", **diffs))
+        results.append(compared(backend, (logits, loss, grads), (ref_logits, ref_loss, ref_grads), tolerances))
     return CheckReport(
         model_type=base.config.model_type,
         lengths=tuple(lengths),

@@ -12,6 +12,7 @@ On a CPU, torch runs one thread unless `threads` says otherwise: on a machine sh
 thread spins waiting for a descheduled sibling and the ratios swing several-fold from run to run.
 """
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -103,12 +104,19 @@ def run_throughput(config: ThroughputConfig, *, progress: bool = True) -> dict:
     """
     check_config(config)
     device = resolve_device(config.device)
-    threads = config.threads or (1 if device.type == "cpu" else None)
+    with bench_threads(config.threads, device):
+        return _run(config, device=device, progress=progress)
+
+
+@contextlib.contextmanager
+def bench_threads(threads: int | None, device: torch.device):
+    """Run with `threads` torch threads (one on a CPU by default, the benchmarks' setting), then restore."""
+    threads = threads or (1 if device.type == "cpu" else None)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(config, device=device, progress=progress)
+        yield
     finally:
         torch.set_num_threads(previous_threads)
 

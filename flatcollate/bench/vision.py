@@ -27,7 +27,7 @@ from ..vision.tiny import tiny_vision_config
 from .memory import PeakMemory
 from .profiles import load_profile, padded_fill
 from .summary import summarize
-from .throughput import PROFILE_FILL_SAMPLE, SETTLE_STEPS, resolve_device, run_pass, settle
+from .throughput import PROFILE_FILL_SAMPLE, SETTLE_STEPS, bench_threads, resolve_device, run_pass, settle
 from .vision_inputs import (
     MAX_PIXELS,
     MIN_PIXELS,
@@ -146,14 +146,8 @@ def run_vision_bench(config: VisionBenchConfig, *, progress: bool = True) -> dic
     """
     check_vision_config(config)
     device = resolve_device(config.device)
-    threads = config.threads or (1 if device.type == "cpu" else None)
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with bench_threads(config.threads, device):
         return _run(config, device=device, progress=progress)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _run(config: VisionBenchConfig, *, device: torch.device, progress: bool) -> dict:

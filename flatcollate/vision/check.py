@@ -25,7 +25,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 
 from .._conventions import IGNORE_INDEX
 from ..attention import ATTN_IMPLEMENTATION
-from ..check import BackendResult, CheckReport, _grads, _max_grad_diff, _run_flat, _set_vanilla, _token_losses
+from ..check import BackendResult, CheckReport, _grads, _run_flat, _set_vanilla, _token_losses, compared
 from ..modeling import prepare_model_for_flattening, unsupported_reason
 from .collate import VisionDataCollatorWithFlattening
 from .layouts import TOKEN_TYPE_FIELDS
@@ -146,13 +146,7 @@ def check_vision_model(
         if reason is not None:
             results.append(BackendResult(backend=backend, status="unsupported", reason=reason))
             continue
-        diffs = {
-            "logits_diff": (logits - ref_logits).abs().max().item(),
-            "loss_diff": (loss - ref_loss).abs().item(),
-            "grad_diff": _max_grad_diff(grads, ref_grads),
-        }
-        exact = all(value <= tolerances[name] for name, value in diffs.items())
-        results.append(BackendResult(backend=backend, status="exact" if exact else "contaminated", **diffs))
+        results.append(compared(backend, (logits, loss, grads), (ref_logits, ref_loss, ref_grads), tolerances))
     return CheckReport(
         model_type=model_type,
         lengths=tuple(len(e["input_ids"]) for e in examples),
