@@ -17,3 +17,17 @@ NP_CU_SEQLENS_DTYPE = np.int32
 
 FLASH_KWARG_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """Keys a flattening collator emits so attention kernels never recompute boundaries."""
+
+IMAGE_FIELDS = (
+    "pixel_values",
+    "image_grid_thw",
+    "image_sizes",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_position_ids",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
+"""Per-image (per-video) fields of vision-language processors: `flatcollate.vision` concatenates them in example
+order; the text collators refuse them rather than drop them."""

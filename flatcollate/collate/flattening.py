@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import transformers
 
-from .._conventions import IGNORE_INDEX, NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
+from .._conventions import IGNORE_INDEX, IMAGE_FIELDS, NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
 from ..boundaries import (
     cu_seqlens_to_position_ids,
     cu_seqlens_to_seq_idx,
@@ -159,6 +159,7 @@ def flatten_features(
         raise TypeError(f"features must be a list of examples (dicts), got {type(features).__name__}.")
     if len(features) == 0:
         raise ValueError("empty batch: the collator got no examples; check the sampler and `drop_last`.")
+    _refuse_images(features)
     flat = _flatten_plain(features, max_seq_len=max_seq_len)
     if flat is None:
         flat = _flatten_general(features, max_seq_len=max_seq_len)
@@ -176,6 +177,19 @@ def flatten_features(
         "cu_seqlens": lengths_to_cu_seqlens(seq_lengths),
         "example_offsets": example_offsets,
     }
+
+
+def _refuse_images(features: Sequence[Mapping[str, Any]]) -> None:
+    """Raise for an example with images: this collator has no place for them, and dropping them would train the image
+    placeholders of `input_ids` without their images."""
+    for index, feature in enumerate(features):
+        found = [key for key in IMAGE_FIELDS if isinstance(feature, Mapping) and feature.get(key) is not None]
+        if found:
+            raise ValueError(
+                f"example {index}: `{found[0]}` is an image field, which this text collator would drop (the model "
+                "would train the image placeholders without their images). Collate image-text examples with "
+                "`flatcollate.VisionDataCollatorWithFlattening.from_model(model)`."
+            )
 
 
 _Flat = tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]

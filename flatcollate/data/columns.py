@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
+from .._conventions import IGNORE_INDEX, IMAGE_FIELDS, NP_IDS_DTYPE
 from ..collate._features import MASK_KEYS
 
 
@@ -186,9 +186,17 @@ def split_columns(table: pa.Table, lengths: np.ndarray) -> tuple[list[str], list
         all-ones `attention_mask`. Incoming `position_ids` are in neither: packing replaces them.
 
     Raises:
-        `ValueError`: `labels` not aligned with `input_ids`, a column per token in some rows but not in others (naming
-            the first row that is not), a padded `attention_mask` or `position_ids` that do not count from 0.
+        `ValueError`: an image column (`pixel_values`, ...), `labels` not aligned with `input_ids`, a column per
+            token in some rows but not in others (naming the first row that is not), a padded `attention_mask` or
+            `position_ids` that do not count from 0.
     """
+    images = [name for name in IMAGE_FIELDS if name in table.column_names]
+    if images:
+        raise ValueError(
+            f"`{images[0]}` is an image column; packing keeps per-token columns only, so the image placeholders of "
+            "`input_ids` would be trained without their images. Train image-text rows unpacked, collated by "
+            "`flatcollate.VisionDataCollatorWithFlattening.from_model(model)`."
+        )
     carried, left_out = ["input_ids"], []
     if "labels" in table.column_names:
         check_aligned(table, "labels", lengths)

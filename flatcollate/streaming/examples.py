@@ -6,7 +6,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
+from .._conventions import IGNORE_INDEX, IMAGE_FIELDS, NP_IDS_DTYPE
 from ..boundaries import position_ids_to_cu_seqlens
 from ..collate._features import MASK_KEYS, unknown_per_token_keys
 from ..data.row_errors import SkippedRow
@@ -131,6 +131,13 @@ def _refuse_lost_fields(encoded: Mapping[str, Any], length: int, *, origin: str,
         seq_lengths = _token_array(encoded["seq_lengths"], field="seq_lengths", origin=origin)
         if seq_lengths.tolist() != [length]:
             raise _already_packed(origin, "seq_lengths", f"is {seq_lengths.tolist()[:8]}")
+    images = [key for key in IMAGE_FIELDS if encoded.get(key) is not None]
+    if images:
+        raise ValueError(
+            f"{origin}: `{images[0]}` is an image field; the packer keeps only `input_ids` and `labels`, so the image "
+            "placeholders would be trained without their images. Train image-text rows unpacked, collated by "
+            "`flatcollate.VisionDataCollatorWithFlattening.from_model(model)`."
+        )
     unknown = unknown_per_token_keys(encoded, _KNOWN_KEYS, length)
     if unknown:
         where = "make `encode_fn` stop returning them" if from_encode_fn else "remove them from the rows"

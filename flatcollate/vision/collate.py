@@ -6,8 +6,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._conventions import IMAGE_FIELDS
 from ..collate.flattening import DataCollatorWithFlattening
-from .layouts import IMAGE_FIELDS, TOKEN_TYPE_FIELDS, VisionLayout, expected_placeholders, image_count
+from .layouts import TOKEN_TYPE_FIELDS, VisionLayout, expected_placeholders, image_count
 
 
 class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):

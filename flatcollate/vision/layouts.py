@@ -40,19 +40,6 @@ Mistral 3 / Mistral Large 3: height and width; LFM2-VL: patches per image, maske
 reads each image's real extent from `image_sizes` (`spatial_shapes`), so the collator pads the examples' images to a
 common shape the same way."""
 
-IMAGE_FIELDS = (
-    "pixel_values",
-    "image_grid_thw",
-    "image_sizes",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "image_position_ids",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-)
-"""Per-image (per-video) fields: concatenated in example order, never flattened per token."""
-
 TOKEN_TYPE_FIELDS = ("mm_token_type_ids", "token_type_ids")
 """Per-token fields beside `input_ids`: concatenated like `input_ids`, 0 (text) on padding."""
 

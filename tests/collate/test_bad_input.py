@@ -70,3 +70,11 @@ def test_bad_constructor_options():
         DataCollatorWithFlattening(pad_to_multiple_of=0)
     with pytest.raises(ValueError, match="return_tensors"):
         collate([GOOD], return_tensors="tf")
+
+
+@pytest.mark.parametrize("field", ["pixel_values", "image_grid_thw", "pixel_values_videos"])
+def test_image_fields_are_refused_not_dropped(field):
+    """The text collator has no place for images: dropping them would train the placeholders without their images."""
+    example = {"input_ids": [1, 9, 9, 2], field: torch.zeros(2, 6)}
+    with pytest.raises(ValueError, match=rf"example 1: `{field}` is an image field.*VisionDataCollatorWithFlattening"):
+        DataCollatorWithFlattening()([{"input_ids": [3, 4]}, example])

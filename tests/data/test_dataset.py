@@ -409,3 +409,16 @@ def test_packed_rows_are_the_packs_in_order_over_chunked_tables(shuffle_seed, ov
     packed = pack_dataset(ds, 20, overlong=overlong, shuffle_seed=shuffle_seed)
     assert packed["input_ids"] == [[t for i in pack for t in pieces[i]] for pack in packs]
     assert packed["seq_lengths"] == [[len(pieces[i]) for i in pack] for pack in packs]
+
+
+def test_image_columns_are_refused_not_left_out():
+    """Packing keeps per-token columns only: image rows would train their placeholders without the images."""
+    ds = datasets.Dataset.from_dict(
+        {
+            "input_ids": [[1, 9, 9], [2, 3]],
+            "pixel_values": [[[0.0] * 6] * 4, None],
+            "image_grid_thw": [[[1, 2, 2]], None],
+        }
+    )
+    with pytest.raises(ValueError, match=r"`pixel_values` is an image column.*VisionDataCollatorWithFlattening"):
+        pack_dataset(ds, 8)

@@ -88,3 +88,10 @@ def test_fields_that_carry_nothing_per_token_pass():
 def test_fields_whose_loss_would_change_training_are_refused(extra, message):
     with pytest.raises(ValueError, match=message):
         encode_row({"input_ids": [1, 2, 3], **extra}, encode_fn=None, origin="row 0")
+
+
+def test_image_rows_are_refused_not_stripped_of_their_images():
+    """The packer keeps `input_ids` and `labels` only: an image row would train its placeholders without the image."""
+    rows = [{"input_ids": [1, 2]}, {"input_ids": [1, 9, 9], "pixel_values": [[0.0] * 6] * 4}]
+    with pytest.raises(ValueError, match=r"row 1: `pixel_values` is an image field.*VisionDataCollatorWithFlattening"):
+        list(StreamingPacker(rows, pack_len=8))
