@@ -157,18 +157,26 @@ def check_vision_model(
     )
 
 
+def exact_within(size: float) -> float:
+    """Largest fp32 difference that counts as exact for a quantity whose reference reaches `size`: 1e-5, raised to
+    eight fp32 rounding steps at `size` where that is coarser. A projector's gradient sums over every image token:
+    one batched backward and one backward per example add the terms in different orders, measured up to 5.4 rounding
+    steps apart (MiniMax-M3-VL's projector bias, 26.7: 1.7e-5; Gemma 3's projector, ~300: 2e-5). A sequence attending
+    across a boundary moves them by ~1e-2.
+
+    >>> exact_within(1.0), exact_within(300.0) > 1e-5
+    (1e-05, True)
+    """
+    return max(1e-5, 8 * torch.finfo(torch.float32).eps * size)
+
+
 def _tolerances(tolerance: float | None, logits: torch.Tensor, loss: torch.Tensor, grads: dict) -> dict[str, float]:
-    """The given tolerance for every quantity; by default 1e-5, raised to eight fp32 rounding steps at the quantity's
-    largest reference value where that is coarser. A projector's gradient sums over every image token: one batched
-    backward and one backward per example add the terms in different orders, measured up to 5.4 rounding steps apart
-    (MiniMax-M3-VL's projector bias, 26.7: 1.7e-5; Gemma 3's projector, ~300: 2e-5). A sequence attending across a
-    boundary moves them by ~1e-2."""
+    """The given tolerance for every quantity, or `exact_within` its largest reference value."""
     if tolerance is not None:
         return {"logits_diff": tolerance, "loss_diff": tolerance, "grad_diff": tolerance}
-    eps = torch.finfo(torch.float32).eps
     largest_grad = max((g.abs().max().item() for g in grads.values()), default=0.0)
     sizes = {"logits_diff": logits.abs().max().item(), "loss_diff": loss.abs().item(), "grad_diff": largest_grad}
-    return {name: max(1e-5, 8 * eps * size) for name, size in sizes.items()}
+    return {name: exact_within(size) for name, size in sizes.items()}
 
 
 def refusal_reason(error: Exception) -> str:

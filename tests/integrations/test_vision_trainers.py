@@ -33,6 +33,7 @@ from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import IMAGE_FIELDS
 from flatcollate.integrations.trl import FlatSFTTrainer
 from flatcollate.vision import VisionDataCollatorWithFlattening
+from flatcollate.vision.check import exact_within
 from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
 from flatcollate.vision.tiny import VOCAB_SIZE, tiny_vision_examples, tiny_vision_lm
 
@@ -40,7 +41,6 @@ from ..data.test_vision_encode import ImageOnlyQwen2VLProcessor
 from ..vision.test_flattened_exact import separate_run
 
 TOL = 1e-5
-ROUNDINGS = 4 * torch.finfo(torch.float32).eps
 FAMILIES = ["qwen2_5_vl", "gemma3", "idefics3"]  # mRoPE grid; image blocks and token types; tiles on dimension 1
 ONE_STEP = {"max_steps": 1, "optim": "sgd", "learning_rate": 1.0, "lr_scheduler_type": "constant", "max_grad_norm": 0}
 COMMON = {"report_to": [], "use_cpu": True, "save_strategy": "no", "disable_tqdm": True, "seed": 0}
@@ -89,10 +89,10 @@ def reference_step(model, examples: list[dict]) -> tuple[dict, dict]:
 
 
 def assert_close_to(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Within `TOL`, or within a few float32 roundings of the tensor's largest entry where that is coarser: Gemma 3's
+    """Within `exact_within` the tensor's largest entry (1e-5, or eight fp32 roundings where coarser): Gemma 3's
     image projection has gradients of about 140, where one rounding step is already 1.5e-5 and TRL's chunked loss
     sums in another order."""
-    worst, bound = (got - expected).abs().max().item(), TOL + ROUNDINGS * expected.abs().max().item()
+    worst, bound = (got - expected).abs().max().item(), exact_within(expected.abs().max().item())
     assert worst <= bound, f"{what} differs from the per-example reference by {worst:.3g} (allowed {bound:.3g})"
 
 

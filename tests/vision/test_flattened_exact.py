@@ -8,6 +8,7 @@ import torch
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.vision import VisionDataCollatorWithFlattening
+from flatcollate.vision.check import exact_within
 from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
 from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm
 
@@ -98,8 +99,11 @@ def test_flattened_batch_equals_each_example_alone(family_case):
     assert (logits - reference_logits).abs().max().item() <= TOL
     assert abs(loss.item() - reference_loss.item()) <= TOL
     assert flat_grads.keys() == reference_grads.keys()
-    worst = max((flat_grads[n] - g).abs().max().item() for n, g in reference_grads.items())
-    assert worst <= TOL, f"{family}: gradients differ by {worst}"
+    # Each gradient within 1e-5, or eight fp32 rounding steps at its own size where coarser (a projector's gradient
+    # sums over every image token, in another order when batched; `exact_within`).
+    for name, g in reference_grads.items():
+        worst = (flat_grads[name] - g).abs().max().item()
+        assert worst <= exact_within(g.abs().max().item()), f"{family}: gradient of {name} differs by {worst}"
 
 
 def test_what_vanilla_transformers_gives_on_the_same_batch(family_case):
