@@ -105,6 +105,19 @@ def _text_row(position_ids: torch.Tensor) -> torch.Tensor:
     return position_ids[0]
 
 
+def _multimodal_changes(model, arguments: dict, text_positions: torch.Tensor | None) -> dict:
+    """What a flattened batch of an image-text model runs with besides its text positions: per-sequence 3-D positions
+    (multimodal-RoPE families) and the image blocks that attend both ways (`BLOCK_TOKEN_TYPE` families)."""
+    changes = {}
+    if model._flatcollate_rope_index is not None and text_positions is not None:
+        changes["position_ids"] = checked_multimodal_positions(model._flatcollate_rope_index, arguments, text_positions)
+    block_type = BLOCK_TOKEN_TYPE.get(getattr(model.config, "model_type", None))
+    token_types = arguments.get("token_type_ids")
+    if block_type is not None and token_types is not None and text_positions is not None:
+        changes[BLOCKS_KEY] = block_ids(token_types, position_starts(text_positions), block_type)
+    return changes
+
+
 def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Raise for arguments that would mix sequences; the completed `(args, kwargs)`, or None to keep them."""
     arguments = kwargs
@@ -136,8 +149,8 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
     # A sequence-parallel rank holds a slice of the row: `(rank, size)`, set by `prepare_model_for_sequence_parallel`.
     shard = getattr(model, "_flatcollate_sequence_shard", None)
     has_boundaries = any(arguments.get(key) is not None for key in _BOUNDARY_KEYS)
-    rope_index, given = model._flatcollate_rope_index, arguments.get("position_ids")
-    if rope_index is not None and isinstance(given, torch.Tensor) and given.dim() == 3:
+    given = arguments.get("position_ids")
+    if model._flatcollate_rope_index is not None and isinstance(given, torch.Tensor) and given.dim() == 3:
         # Multimodal-RoPE positions: the text row (first of four) says where sequences start. Three rows and no
         # boundaries is an ordinary call, left as it is.
         text_positions = _text_row(given) if has_boundaries or given.shape[0] == 4 else None
@@ -148,19 +161,13 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
         position_ids, text_positions = check_boundaries(arguments, shard=shard), given
     if position_ids is not None:
         changes["position_ids"] = text_positions = position_ids
-    if (
-        rope_index is not None
-        and text_positions is not None
-        and is_flattened({**arguments, "position_ids": text_positions})
-    ):
-        changes["position_ids"] = checked_multimodal_positions(rope_index, arguments, text_positions)
-    block_type = BLOCK_TOKEN_TYPE.get(getattr(model.config, "model_type", None))
-    token_types = arguments.get("token_type_ids")
-    if block_type is not None and token_types is not None and (has_boundaries or is_flattened(arguments)):
-        positions = changes.get("position_ids", arguments.get("position_ids"))
-        changes[BLOCKS_KEY] = block_ids(token_types, position_starts(positions), block_type)
+    flattened = has_boundaries or (
+        text_positions is not None and is_flattened({**arguments, "position_ids": text_positions})
+    )
+    if flattened:
+        changes.update(_multimodal_changes(model, arguments, text_positions))
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
-    if cache_by_default and not found and (has_boundaries or is_flattened(arguments)):
+    if cache_by_default and not found and flattened:
         # The config's default would build a cache, which turns off packed-sequence detection: a training batch needs
         # none, so a flattened batch runs without one (the config itself stays as saved).
         if not model._flatcollate_takes_use_cache:
