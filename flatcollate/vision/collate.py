@@ -68,13 +68,15 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         text = [_without(feature, (*IMAGE_FIELDS, *TOKEN_TYPE_FIELDS)) for feature in features]
         batch = super().__call__(text, return_tensors="np", separator_id=separator_id)
         length = batch["input_ids"].shape[1]
-        for index, feature in enumerate(features):
-            self._check_placeholders(feature, index)
+        ids = [_numpy(feature["input_ids"]).reshape(-1) for feature in features]
+        counts = [
+            self._check_placeholders(f, row, index) for index, (f, row) in enumerate(zip(features, ids, strict=True))
+        ]
         if self.layout.same_count and self.layout.tokens_per_image is None:
-            self._check_same_count(features)
+            _check_same_count(counts)
         for field in TOKEN_TYPE_FIELDS:
             if any(field in feature for feature in features):
-                batch[field] = _token_types(features, field, length)
+                batch[field] = _token_types(features, ids, field, length)
         for field in IMAGE_FIELDS:
             if any(feature.get(field) is not None for feature in features):
                 batch[field] = self._images(features, field)
@@ -82,9 +84,10 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
 
-    def _check_placeholders(self, feature: Mapping, index: int) -> None:
-        layout = self.layout
-        ids = np.asarray(feature["input_ids"]).reshape(-1)
+    def _check_placeholders(self, feature: Mapping, ids: np.ndarray, index: int) -> tuple[int, int]:
+        """Raise when the example's placeholders are not what its own images (videos) fill; returns its
+        `(image placeholders, images)`."""
+        layout, counts = self.layout, (0, 0)
         checks = ((False, layout.image_token_id, "pixel_values"), (True, layout.video_token_id, "pixel_values_videos"))
         for video, token, field in checks:
             if token is None:
@@ -92,36 +95,18 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             found = int((ids == token).sum())
             expected = expected_placeholders(feature, layout, video=video)
             images = image_count(feature, layout, field)
-            what = "videos" if video else "images"
+            if not video:
+                counts = (found, images)
             if expected is None and (found > 0) != (images > 0):
                 expected = "some" if images else 0
             if expected is not None and found != expected:
                 raise ValueError(
                     f"Example {index}: `input_ids` hold {found} placeholder tokens (id {token}) but its {images} "
-                    f"{what} fill {expected}. Flattened, the features would land in another example's sequence. "
-                    "Process each example's text and images together (the processor expands the placeholders), and "
-                    "do not truncate inside an image."
+                    f"{'videos' if video else 'images'} fill {expected}. Flattened, the features would land in another "
+                    "example's sequence. Process each example's text and images together (the processor expands the "
+                    "placeholders), and do not truncate inside an image."
                 )
-
-    def _check_same_count(self, features: Sequence[Mapping]) -> None:
-        """Families whose images all fill the same number of placeholders: every example of the batch agrees."""
-        token, first = self.layout.image_token_id, None
-        if token is None:
-            return
-        for index, feature in enumerate(features):
-            images = image_count(feature, self.layout)
-            if not images:
-                continue
-            found = int((np.asarray(feature["input_ids"]).reshape(-1) == token).sum())
-            per_image = found / images
-            if first is None:
-                first = (index, per_image)
-            elif per_image != first[1]:
-                raise ValueError(
-                    f"Example {index}: its {images} images have {found} placeholder tokens ({per_image:g} each), but "
-                    f"example {first[0]}'s have {first[1]:g} each; every image of this family fills the same number. "
-                    "Process each example's text and images together, and do not truncate inside an image."
-                )
+        return counts
 
     def _images(self, features: Sequence[Mapping], field: str) -> np.ndarray:
         layout = self.layout
@@ -152,22 +137,42 @@ def _without(feature: Mapping, keys: tuple[str, ...]) -> dict:
     return {key: value for key, value in feature.items() if key not in keys}
 
 
+def _check_same_count(counts: list[tuple[int, int]]) -> None:
+    """Families whose images all fill the same number of placeholders: every example of the batch agrees.
+
+    Args:
+        counts: `(image placeholders, images)` of each example.
+    """
+    first = None
+    for index, (found, images) in enumerate(counts):
+        if not images:
+            continue
+        per_image = found / images
+        if first is None:
+            first = (index, per_image)
+        elif per_image != first[1]:
+            raise ValueError(
+                f"Example {index}: its {images} images have {found} placeholder tokens ({per_image:g} each), but "
+                f"example {first[0]}'s have {first[1]:g} each; every image of this family fills the same number. "
+                "Process each example's text and images together, and do not truncate inside an image."
+            )
+
+
 def _numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def _token_types(features: Sequence[Mapping], field: str, length: int) -> np.ndarray:
+def _token_types(features: Sequence[Mapping], ids: list[np.ndarray], field: str, length: int) -> np.ndarray:
     """`(1, T)` int64: the examples' per-token types back to back, 0 (text) on the row's padding."""
     parts = []
-    for index, feature in enumerate(features):
-        ids = np.asarray(_numpy(feature["input_ids"])).reshape(-1)
+    for index, (feature, row) in enumerate(zip(features, ids, strict=True)):
         value = feature.get(field)
-        types = np.zeros(len(ids), dtype=np.int64) if value is None else _numpy(value).reshape(-1).astype(np.int64)
-        if len(types) != len(ids):
+        types = np.zeros(len(row), dtype=np.int64) if value is None else _numpy(value).reshape(-1).astype(np.int64)
+        if len(types) != len(row):
             raise ValueError(
-                f"Example {index}: `{field}` has {len(types)} entries but `input_ids` has {len(ids)}; pass the "
+                f"Example {index}: `{field}` has {len(types)} entries but `input_ids` has {len(row)}; pass the "
                 "processor's output for the example unchanged."
             )
         parts.append(types)
-    row = np.concatenate(parts)
-    return np.pad(row, (0, length - len(row)))[None]
+    flat = np.concatenate(parts)
+    return np.pad(flat, (0, length - len(flat)))[None]
