@@ -120,9 +120,8 @@ def _multimodal_changes(model, arguments: dict, text_positions: torch.Tensor | N
 
 def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Raise for arguments that would mix sequences; the completed `(args, kwargs)`, or None to keep them."""
-    arguments = kwargs
-    if len(args) > 1:
-        arguments = {**model._flatcollate_signature.bind_partial(*args, **kwargs).arguments, **kwargs}
+    # Arguments given by position (`model(ids, ...)`) are checked as if given by name.
+    arguments = {**model._flatcollate_signature.bind_partial(*args).arguments, **kwargs} if args else kwargs
     reached = [key for key in DATA_COLUMNS if arguments.get(key) is not None]
     if reached:
         raise ValueError(
