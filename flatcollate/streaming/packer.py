@@ -212,13 +212,16 @@ class StreamingPacker(IterableDataset):
         """Position in the source, buffered sequences and packs decided but not yet yielded, plus the configuration.
 
         Reflects everything yielded so far; tensors are int64, so the state survives `torch.save` and
-        `torch.load(weights_only=True)`.
+        `torch.load(weights_only=True)`. Raises `ValueError` on a packer that has neither iterated in this process nor
+        loaded a state (the object in the main process while DataLoader workers iterate copies of it): save
+        `StatefulDataLoader.state_dict()` instead.
         """
         if self._bins is None:
             if self._resume is not None:
                 return self._resume
-            empty = packs_to_state([])
-            return {"config": self._config(), "source": None, "bins": empty, "pending": empty, "skipped": empty_skips()}
+            if get_worker_info() is None:
+                raise ValueError(_NOT_ITERATED)
+            return self._start_state()  # a DataLoader worker's state before its first item
         return {
             "config": self._config(),
             "source": self._stream.state_dict(),
@@ -226,6 +229,10 @@ class StreamingPacker(IterableDataset):
             "pending": packs_to_state(self._pending),
             "skipped": self._skips.state_dict(),
         }
+
+    def _start_state(self) -> dict:
+        empty = packs_to_state([])
+        return {"config": self._config(), "source": None, "bins": empty, "pending": empty, "skipped": empty_skips()}
 
     def stats(self) -> StreamStats:
         """Rows this reader read, encoded and skipped (by reason) in its current pass, or the pass a loaded state is in.
@@ -242,7 +249,7 @@ class StreamingPacker(IterableDataset):
           skipped 1 (empty_field): rows row 1; first: example: no tokens
         """
         if self._bins is None:
-            return StreamStats.from_state(self.state_dict())
+            return StreamStats.from_state(self._start_state() if self._resume is None else self._resume)
         return self._skips.stats(self._readers.rows_owned(self._stream.position))
 
     def load_state_dict(self, state: dict) -> None:
@@ -255,6 +262,15 @@ class StreamingPacker(IterableDataset):
         config = self._config()
         check_state(state, config=config, source=Readers.from_config(config).stream(self.source))
         self._resume = state
+
+
+_NOT_ITERATED = (
+    "StreamingPacker.state_dict() was called on a packer that has not iterated in this process: it holds no position, "
+    "and its state would resume from the first row, replaying every row already yielded. With DataLoader workers "
+    "(num_workers > 0) each worker iterates its own copy of the packer and the object in the main process never moves. "
+    "Save `StatefulDataLoader.state_dict()` instead (it holds the state of every worker) and restore it with "
+    "`flatcollate.streaming.load_loader_state(loader, state)` or `StatefulDataLoader.load_state_dict()`."
+)
 
 
 def _check_positive(name: str, value: Any) -> None:

@@ -162,3 +162,31 @@ def test_worker_count_mismatch_is_refused():
 
 def _defaults():
     return {"pack_len": 24, "buffer_size": 5, "rank": 0, "world_size": 2}
+
+
+def test_state_of_the_packer_in_the_main_process_is_refused_while_workers_iterate():
+    # With workers, each worker iterates its own copy: the object in the main process holds no position, and its state
+    # would resume from the first row, replaying every row already trained on.
+    loader = make_loader(make_rows(60, seed=0), num_workers=2)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    with pytest.raises(ValueError, match=r"has not iterated in this process.*`StatefulDataLoader.state_dict\(\)`"):
+        loader.dataset.state_dict()
+    del iterator
+
+
+def test_state_of_a_packer_that_never_iterated_is_refused_and_its_stats_are_empty():
+    packer = StreamingPacker(make_rows(20, seed=0), pack_len=24)
+    with pytest.raises(ValueError, match=r"`StatefulDataLoader.state_dict\(\)`"):
+        packer.state_dict()
+    assert packer.stats().num_rows == 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_state_taken_before_the_first_batch_resumes_from_the_start(num_workers):
+    full = as_lists(make_loader(make_rows(60, seed=0), num_workers=num_workers))
+    state = save_and_load(make_loader(make_rows(60, seed=0), num_workers=num_workers).state_dict())
+    resumed = make_loader(make_rows(60, seed=0), num_workers=num_workers)
+    resumed.load_state_dict(state)
+    assert as_lists(resumed) == full
