@@ -3,6 +3,7 @@
 from .bins import OnlineBins
 from .examples import encode_row, fit_to_pack
 from .interleaving import InterleavedSource, interleave
+from .loader_state import load_loader_state, saved_num_workers
 from .packer import StreamingPacker
 from .skips import StreamStats
 from .sources import IterableSource, RowSource, SequenceSource, as_source
@@ -19,4 +20,6 @@ __all__ = [
     "encode_row",
     "fit_to_pack",
     "interleave",
+    "load_loader_state",
+    "saved_num_workers",
 ]
