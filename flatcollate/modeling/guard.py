@@ -19,6 +19,7 @@ from .._conventions import FLASH_KWARG_KEYS
 from ..attention.bidirectional_blocks import BLOCK_TOKEN_TYPE, BLOCKS_KEY, block_ids
 from ..attention.packed_segments import position_starts
 from ..vision.positions import checked_multimodal_positions, rope_index_of
+from ..vision.token_types import require_token_types
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
 from .families import row_length_limit
 
@@ -108,6 +109,7 @@ def _text_row(position_ids: torch.Tensor) -> torch.Tensor:
 def _multimodal_changes(model, arguments: dict, text_positions: torch.Tensor | None) -> dict:
     """What a flattened batch of an image-text model runs with besides its text positions: per-sequence 3-D positions
     (multimodal-RoPE families) and the image blocks that attend both ways (`BLOCK_TOKEN_TYPE` families)."""
+    require_token_types(model, arguments)  # both read the per-token types: images without them are refused
     changes = {}
     if model._flatcollate_rope_index is not None and text_positions is not None:
         changes["position_ids"] = checked_multimodal_positions(model._flatcollate_rope_index, arguments, text_positions)

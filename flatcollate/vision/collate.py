@@ -9,6 +9,7 @@ import torch
 from .._conventions import IMAGE_FIELDS
 from ..collate.flattening import DataCollatorWithFlattening
 from .layouts import TOKEN_TYPE_FIELDS, VisionLayout, expected_placeholders, image_count
+from .token_types import check_example_token_types, token_types_read
 
 
 class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
@@ -36,6 +37,8 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         layout (`VisionLayout`, *optional*): the family's layout; `VisionDataCollatorWithFlattening.from_model(model)`
             reads it from the model's config. Without one, vision fields are concatenated on dimension 0 and only the
             presence of placeholders is checked.
+        token_types (`str`, *optional*): the per-token types the family reads (`mm_token_type_ids`,
+            `token_type_ids`; `from_model` sets it); an example with images but without them is refused.
         kwargs: options of `DataCollatorWithFlattening`.
 
     >>> collator = VisionDataCollatorWithFlattening(layout=VisionLayout(image_token_id=9, tokens_per_image=2))
@@ -48,15 +51,17 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
     ([[1, 9, 9, 2, 3, 4, 9, 9, 5]], [0, 4, 6, 9], (2, 3, 4, 4))
     """
 
-    def __init__(self, *args, layout: VisionLayout | None = None, **kwargs):
+    def __init__(self, *args, layout: VisionLayout | None = None, token_types: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.layout = layout if layout is not None else VisionLayout()
+        self.token_types = token_types
 
     @classmethod
     def from_model(cls, model, **kwargs) -> "VisionDataCollatorWithFlattening":
         """A collator with the layout of `model`'s family (a model or its config; PEFT wrappers are read through)."""
         config = getattr(model, "config", model)
         kwargs.setdefault("vocab_size", getattr(config.get_text_config(), "vocab_size", None))
+        kwargs.setdefault("token_types", token_types_read(model) if isinstance(model, torch.nn.Module) else None)
         return cls(layout=VisionLayout.from_config(config), **kwargs)
 
     def __call__(
@@ -74,6 +79,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         ]
         if self.layout.same_count and self.layout.tokens_per_image is None:
             _check_same_count(counts)
+        check_example_token_types(features, self.token_types)
         for field in TOKEN_TYPE_FIELDS:
             if any(field in feature for feature in features):
                 batch[field] = _token_types(features, ids, field, length)
