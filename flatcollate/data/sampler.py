@@ -8,14 +8,19 @@ groups sequences so every batch carries nearly the same number of tokens, at mos
     plain sampler    [900, 40] [30, 950] [60, 20]     tokens 940, 980, 80
     token budget     [950] [900] [40, 30, 60, 20]     tokens 950, 900, 150 (largest first into the lightest)
 
-Ranks of one step get the batches closest in tokens, so no rank waits long for another.
+Ranks of one step get the batches closest in tokens, so no rank waits long for another. Either the sampler gives each
+rank its batches (`shard=True`, a plain DataLoader per rank) or accelerate deals them (`shard=False`, a DataLoader
+passed to `accelerator.prepare` or built by `transformers.Trainer`), never both (`flatcollate.data.shard_check`).
 """
 
 import heapq
 import math
+import sys
 
 import numpy as np
 import torch
+
+from .shard_check import check_one_sharder, sharding_wrapper
 
 
 def balanced_batches(lengths: np.ndarray, num_batches: int, *, seed: int = 0) -> list[np.ndarray]:
@@ -116,14 +121,25 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         drop_last (`bool`, *optional*, defaults to `False`): use `floor(N / (replicas * batch_size))` batches per
             rank and leave the remaining examples (chosen at random each epoch) out.
         num_replicas (`int`, *optional*): data-parallel world size; defaults to `torch.distributed`'s, else 1.
-        rank (`int`, *optional*): this process's rank; defaults to `torch.distributed`'s, else 0.
+        rank (`int`, *optional*): this process's rank; defaults to `torch.distributed`'s, else 0. Not used with
+            `shard=False`.
+        shard (`bool`, *optional*, defaults to `True`): who splits the batches among ranks.
+            - `True`: the sampler; it yields this rank's batches only, one per step. For a plain DataLoader on every
+              rank (torchrun); refused under accelerate's `BatchSamplerShard`, which would split them again.
+            - `False`: accelerate; the sampler yields every rank's batch of every step, step by step in rank order
+              (`steps x num_replicas` batches), and accelerate's `BatchSamplerShard` (`accelerator.prepare(loader)`,
+              `transformers.Trainer`) deals batch `i` to process `i % num_processes`: each rank gets exactly the
+              batches `shard=True` would give it. `batch_size` is then `None`, accelerate's mark of batches of
+              varying size (it would keep only batches of exactly `batch_size` examples otherwise). Refused when
+              iterated without that wrapper while `num_replicas > 1`, or dealt among another number of processes.
 
-    Yields `list[int]` of dataset indices, one list per step for this rank.
+    Yields `list[int]` of dataset indices: one list per step for this rank (`shard=True`), or one per step and rank.
 
     Raises:
         `TypeError`: `lengths` not 1-D integers, or an option of the wrong type (floats, bools).
         `ValueError`: an example of fewer than 1 token or more than `max_tokens` (naming it), a non-positive
-            `batch_size`/`max_tokens`/`num_replicas`, or a `rank` outside `[0, num_replicas)`.
+            `batch_size`/`max_tokens`/`num_replicas`, a `rank` outside `[0, num_replicas)` or given with
+            `shard=False`; when iterated, batches split among ranks twice or not at all (see `shard`).
 
     >>> sampler = TokenBudgetBatchSampler([900, 40, 30, 950, 60, 20], batch_size=2, max_tokens=1000)
     >>> len(sampler), sorted(i for batch in sampler for i in batch)
@@ -140,21 +156,30 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         drop_last: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
+        shard: bool = True,
     ):
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         if num_replicas is None:
             num_replicas = torch.distributed.get_world_size() if distributed else 1
+        if not isinstance(shard, bool):
+            raise TypeError(f"shard must be a bool, got {shard!r} ({type(shard).__name__}).")
+        if not shard and rank is not None:
+            raise ValueError(
+                f"`rank` is not used with shard=False (got rank={rank}): the sampler yields the batches of every rank "
+                "and accelerate deals each rank its own. Leave `rank` out, or pass shard=True to yield one rank's."
+            )
         if rank is None:
-            rank = torch.distributed.get_rank() if distributed else 0
+            rank = torch.distributed.get_rank() if distributed and shard else 0
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens), ("num_replicas", num_replicas)):
             _check_int(name, value, minimum=1)
         _check_int("rank", rank)
         _check_int("seed", seed)
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas}).")
-        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.num_replicas, self.rank, self.shard = int(num_replicas), int(rank) if shard else None, shard
         self.lengths = check_example_lengths(lengths)
-        self.batch_size, self.max_tokens, self.seed = int(batch_size), int(max_tokens), int(seed)
+        self.plain_batch_size, self.max_tokens, self.seed = int(batch_size), int(max_tokens), int(seed)
+        self.batch_size = self.plain_batch_size if shard else None  # None: accelerate keeps batches of any size
         self.drop_last = drop_last
         self.epoch = 0
         n = len(self.lengths)
@@ -180,7 +205,7 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.num_steps
+        return self.num_steps if self.shard else self.num_steps * self.num_replicas
 
     def epoch_batches(self) -> list[list[np.ndarray]]:
         """All batches of this epoch: `steps x replicas` index arrays, the same on every rank."""
@@ -190,7 +215,7 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
             return []
         chosen = np.arange(len(self.lengths))
         if self.drop_last:
-            chosen = np.sort(rng.permutation(chosen)[: n_batches * self.batch_size])
+            chosen = np.sort(rng.permutation(chosen)[: n_batches * self.plain_batch_size])
         groups = [chosen[g] for g in balanced_batches(self.lengths[chosen], n_batches, seed=int(rng.integers(2**31)))]
         loads = np.array([self.lengths[g].sum() for g in groups])
         heaviest = int(loads.max())
@@ -206,5 +231,14 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         return [[groups[b] for b in by_load[s]] for s in rng.permutation(self.num_steps)]
 
     def __iter__(self):
+        # Checked here, not in a generator body, so that the frame below is the one that called `iter()`.
+        wrapper = sharding_wrapper(sys._getframe(1))
+        check_one_sharder(wrapper, shard=self.shard, num_replicas=self.num_replicas, rank=self.rank)
+        return self._batches()
+
+    def _batches(self):
         for step in self.epoch_batches():
-            yield step[self.rank].tolist()
+            if self.shard:
+                yield step[self.rank].tolist()
+            else:
+                yield from (batch.tolist() for batch in step)
