@@ -1,0 +1,70 @@
+"""Cache keys: a cached tokenized dataset is read back only where a fresh encoding gives the same rows.
+
+Each case changes one thing a cache key must cover (a tokenizer setting), then checks the dataset
+`make_supervised_dataset` returns from a warm cache against a fresh encoding.
+"""
+
+import copy
+import subprocess
+import sys
+
+import datasets
+import pytest
+from tokenizers import normalizers, pre_tokenizers
+from transformers import AutoTokenizer
+
+from flatcollate.data import build_encoder, make_supervised_dataset
+from flatcollate.data.fingerprint import tokenizer_fingerprint
+
+ROWS = [
+    {"question": "Is <|endoftext|> one token?", "answer": "Only while special tokens are not split."},
+    {"question": "Natalia sold clips to 48 of her friends.", "answer": "She sold 48 clips. Natalia is done."},
+]
+OPTIONS = {"query_field": "question", "resp_field": "answer"}
+
+TOKENIZER_CHANGES = {
+    "split_special_tokens": lambda t: setattr(t, "split_special_tokens", True),
+    "add_bos_token": lambda t: setattr(t, "add_bos_token", True),
+    "added_token": lambda t: t.add_tokens(["Natalia"]),
+    "eos_token": lambda t: setattr(t, "eos_token", "!"),
+    "normalizer": lambda t: setattr(t.backend_tokenizer, "normalizer", normalizers.Lowercase()),
+    "pre_tokenizer": lambda t: setattr(
+        t.backend_tokenizer, "pre_tokenizer", pre_tokenizers.ByteLevel(add_prefix_space=True)
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def gpt2(tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tokenizer_dir("gpt2"))
+
+
+def fresh(tokenizer, rows):
+    encoder = build_encoder(tokenizer, **OPTIONS)
+    return [encoder(row, index=i)["input_ids"] for i, row in enumerate(rows)]
+
+
+@pytest.mark.parametrize("change", list(TOKENIZER_CHANGES))
+def test_a_tokenizer_setting_that_changes_the_ids_changes_the_cache_key(gpt2, change, tmp_path):
+    rows = datasets.Dataset.from_list(ROWS)
+    cached = make_supervised_dataset(gpt2, rows, seed=None, cache_dir=tmp_path, **OPTIONS)
+    assert cached["input_ids"] == fresh(gpt2, ROWS)
+    changed = copy.deepcopy(gpt2)
+    TOKENIZER_CHANGES[change](changed)
+    expected = fresh(changed, ROWS)
+    assert expected != cached["input_ids"], f"{change} should change the encoding of these rows"
+    again = make_supervised_dataset(changed, rows, seed=None, cache_dir=tmp_path, **OPTIONS)
+    assert again["input_ids"] == expected, f"the cache returned rows encoded before {change}"
+
+
+def test_the_tokenizer_key_is_the_same_for_the_same_tokenizer_in_another_process(gpt2, tokenizer_dir):
+    path = tokenizer_dir("gpt2")
+    assert tokenizer_fingerprint(gpt2) == tokenizer_fingerprint(copy.deepcopy(gpt2))
+    assert tokenizer_fingerprint(AutoTokenizer.from_pretrained(path)) == tokenizer_fingerprint(gpt2)
+    script = (
+        "import sys; from transformers import AutoTokenizer; from flatcollate.data.fingerprint import "
+        "tokenizer_fingerprint; print(tokenizer_fingerprint(AutoTokenizer.from_pretrained(sys.argv[1])))"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == tokenizer_fingerprint(gpt2), "a cache written by one run is found by the next"
