@@ -55,7 +55,10 @@ class DataCollatorWithFlattening(transformers.DataCollatorWithFlattening):
 
     Args:
         return_position_ids (`bool`, defaults to `True`): emit `position_ids`.
-        separator_id (`int`, defaults to -100): label given to the first token of every sequence.
+        separator_id (`int` or `None`, defaults to -100): label given to the first token of every sequence. Causal
+            LMs shift labels inside the model, so -100 keeps the last token of one sequence from learning the first
+            of the next. `None` keeps every label, for heads that label each token in place
+            (`*ForTokenClassification`).
         return_flash_attn_kwargs (`bool`, defaults to `True`): emit `cu_seq_lens_q/k` and `max_length_q/k`.
         return_seq_idx (`bool`, defaults to `True`): emit `seq_idx` (for state-space and linear-attention layers).
         position_ids_start (`int`, defaults to 0): position of the first token of every sequence.
@@ -81,7 +84,7 @@ class DataCollatorWithFlattening(transformers.DataCollatorWithFlattening):
         self,
         *args,
         return_position_ids: bool = True,
-        separator_id: int = IGNORE_INDEX,
+        separator_id: int | None = IGNORE_INDEX,
         return_flash_attn_kwargs: bool = True,
         return_seq_idx: bool = True,
         position_ids_start: int = 0,
@@ -100,6 +103,13 @@ class DataCollatorWithFlattening(transformers.DataCollatorWithFlattening):
             position_ids_start=position_ids_start,
             **kwargs,
         )
+        if not (return_position_ids or return_flash_attn_kwargs or return_seq_idx):
+            raise ValueError(
+                "A flattening collator with `return_position_ids`, `return_flash_attn_kwargs` and `return_seq_idx` all "
+                "False emits no boundary: the model would run each batch as one sequence, every example attending to "
+                "the others. Keep at least one of them (`return_position_ids=True` is what transformers' own "
+                "padding-free path reads)."
+            )
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be a positive int or None, got {pad_to_multiple_of}.")
         self.pad_to_multiple_of = pad_to_multiple_of
@@ -116,7 +126,8 @@ class DataCollatorWithFlattening(transformers.DataCollatorWithFlattening):
         separator_id = self.separator_id if separator_id is None else separator_id
         flat = flatten_features(features, vocab_size=self.vocab_size, max_seq_len=self.max_seq_len)
         input_ids, labels, cu_seqlens = flat["input_ids"], flat["labels"], flat["cu_seqlens"]
-        labels[sequence_starts(cu_seqlens)] = separator_id
+        if separator_id is not None:  # None: labels in place (token classification), nothing to separate
+            labels[sequence_starts(cu_seqlens)] = separator_id
         if self.pad_to_multiple_of:
             input_ids, labels, cu_seqlens = pad_as_own_segment(
                 input_ids, labels, cu_seqlens, multiple=self.pad_to_multiple_of, pad_token_id=self.pad_token_id

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate import DataCollatorWithFlattening
+from flatcollate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
 
 collate = DataCollatorWithFlattening()
 GOOD = {"input_ids": [1, 2, 3]}
@@ -78,3 +78,15 @@ def test_image_fields_are_refused_not_dropped(field):
     example = {"input_ids": [1, 9, 9, 2], field: torch.zeros(2, 6)}
     with pytest.raises(ValueError, match=rf"example 1: `{field}` is an image field.*VisionDataCollatorWithFlattening"):
         DataCollatorWithFlattening()([{"input_ids": [3, 4]}, example])
+
+
+def test_a_collator_without_any_boundary_output_is_refused():
+    """With every boundary output off the row is plain `input_ids`: a model would run it as one long sequence."""
+    off = {"return_position_ids": False, "return_flash_attn_kwargs": False, "return_seq_idx": False}
+    with pytest.raises(ValueError, match=r"(?s)no boundary.*one sequence.*return_position_ids"):
+        DataCollatorWithFlattening(**off)
+    with pytest.raises(ValueError, match=r"(?s)no boundary"):
+        DataCollatorForCompletionOnlyLM([7], **off)
+    for kept in off:  # any one of them is enough
+        batch = DataCollatorWithFlattening(**{**off, kept: True})([GOOD, GOOD])
+        assert batch.keys() & {"position_ids", "cu_seq_lens_q", "seq_idx"}
