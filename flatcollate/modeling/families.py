@@ -10,6 +10,8 @@ families below break exactness for a reason none of these can fix.
 
 from transformers import PreTrainedModel
 
+from .heads import head_reason
+
 _ROW_WIDE_CONV_MASK = (
     "its short-convolution and attention layers share a `conv_mask` over the whole row; running the convolutions "
     "once per sequence is not enough (measured)"
@@ -55,7 +57,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return "it is an encoder-decoder model; flattening applies to decoder-only causal LMs"
     if not getattr(config, "is_causal", True):
         return "it is configured for bidirectional attention (`is_causal=False`)"
-    return None
+    return head_reason(model)
 
 
 KEEP_OWN_BACKEND: dict[str, str] = {
