@@ -19,6 +19,7 @@ from .attention import ATTN_IMPLEMENTATION
 from .boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from .check_lengths import plan_check
 from .modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, unsupported_reason
+from .modeling.family_positions import position_start
 from .models import tiny_causal_lm, tiny_config
 
 DEFAULT_BACKENDS = ("sdpa", "eager", ATTN_IMPLEMENTATION)
@@ -91,11 +92,14 @@ def _tiny_model(model: str | PretrainedConfig | PreTrainedModel, seed: int, over
     return tiny_causal_lm(model, attn_implementation="eager", seed=seed, **overrides)
 
 
-def _flattened_inputs(lengths: tuple[int, ...], vocab_size: int, seed: int) -> dict:
-    """A flattened row as the collator emits it: restarting positions, boundaries, first label of each sequence -100."""
+def _flattened_inputs(lengths: tuple[int, ...], vocab_size: int, seed: int, *, pad_id: int | None = None) -> dict:
+    """A flattened row as the collator emits it: restarting positions, boundaries, first label of each sequence -100.
+    `pad_id`, where the family numbers positions around padding, is drawn as the next id (a row holds no padding)."""
     cu = lengths_to_cu_seqlens(np.asarray(lengths))
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, vocab_size, (1, int(cu[-1])), generator=generator)
+    if pad_id is not None:
+        input_ids[input_ids == pad_id] = (pad_id + 1) % vocab_size
     labels = input_ids.clone()
     labels[0, torch.from_numpy(cu[:-1]).long()] = IGNORE_INDEX
     cu_t = torch.from_numpy(cu)
@@ -138,7 +142,7 @@ def _run_alone(model, batch):
     logits, total = [], 0.0
     for start, end in itertools.pairwise(bounds):
         ids, labels = batch["input_ids"][:, start:end], batch["labels"][:, start:end]
-        out = model(input_ids=ids, position_ids=torch.arange(end - start, device=ids.device)[None], use_cache=False)
+        out = model(input_ids=ids, use_cache=False)  # as users run it: the model numbers its own positions
         total = total + _token_losses(out.logits, labels)
         logits.append(out.logits.detach())
     loss = total / count
@@ -227,7 +231,8 @@ def check_model(
     plan = plan_check(config, lengths=lengths, stateful=stateful, shrink=not isinstance(model, PreTrainedModel))
     lengths = plan.lengths
     base = _tiny_model(model, seed, {**(overrides or {}), **plan.overrides})
-    batch = _flattened_inputs(tuple(lengths), base.config.vocab_size, seed)
+    numbering = position_start(base)
+    batch = _flattened_inputs(tuple(lengths), base.config.vocab_size, seed, pad_id=numbering and numbering[1])
     ref_logits, ref_loss, ref_grads = _run_alone(base, batch)
     device = torch.device(device)
     tolerances = _tolerances(base, batch, tolerance, device, dtype, (ref_logits, ref_loss, ref_grads))

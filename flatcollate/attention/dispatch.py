@@ -25,7 +25,7 @@ from . import capabilities
 from .bidirectional_blocks import BLOCKS_KEY, block_kernel
 from .compiled_sdpa import compiled_sdpa_kernel
 from .kernels import KERNELS
-from .packed_segments import segments_from_kwargs, split_into_chunks
+from .packed_segments import segments_from_kwargs, split_into_chunks, with_row_boundaries
 
 ATTN_IMPLEMENTATION = "flatcollate"
 """Name to pass as `attn_implementation=` (or to `model.set_attn_implementation`)."""
@@ -92,6 +92,7 @@ def packed_attention_forward(
     blocks = kwargs.get(BLOCKS_KEY)
     if blocks is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
+    kwargs = with_row_boundaries(kwargs, rows=batch, length=length, device=query.device)
     chunk = attention_chunk(module)
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     window = kwargs.get("sliding_window")

@@ -87,12 +87,17 @@ def segments_from_position_ids(position_ids: torch.Tensor) -> PackedSegments:
     cached = _cached(_DERIVED, position_ids)
     if cached is not None:
         return cached
-    flat_starts = torch.nonzero(position_starts(position_ids)).reshape(-1)
-    total = torch.tensor([position_ids.numel()], device=position_ids.device, dtype=flat_starts.dtype)
-    cu_seqlens = torch.cat([flat_starts, total]).to(CU_SEQLENS_DTYPE)
-    segments = PackedSegments(cu_seqlens=cu_seqlens, max_length=int(cu_seqlens.diff().max()))
+    segments = _segments_from_starts(position_starts(position_ids))
     _DERIVED["last"] = (position_ids, position_ids._version, segments)
     return segments
+
+
+def _segments_from_starts(starts: torch.Tensor) -> PackedSegments:
+    """Boundaries of `(B * T,)` bool sequence starts (one host sync for `max_length`)."""
+    flat_starts = torch.nonzero(starts).reshape(-1)
+    total = torch.tensor([starts.numel()], device=starts.device, dtype=flat_starts.dtype)
+    cu_seqlens = torch.cat([flat_starts, total]).to(CU_SEQLENS_DTYPE)
+    return PackedSegments(cu_seqlens=cu_seqlens, max_length=int(cu_seqlens.diff().max()))
 
 
 def _repeat_rows(segments: PackedSegments, rows: int, length: int) -> PackedSegments:
@@ -113,7 +118,8 @@ def segments_from_kwargs(kwargs: dict, *, total_tokens: int) -> PackedSegments:
         total_tokens (`int`): number of tokens of the flattened attention inputs (`B * T`).
 
     Raises:
-        `ValueError` when neither boundaries nor `position_ids` are given, or when query and key boundaries differ.
+        `ValueError` when neither boundaries nor `position_ids` are given (`with_row_boundaries` adds them), or when
+        query and key boundaries differ.
     """
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None:
@@ -143,6 +149,42 @@ def segments_from_kwargs(kwargs: dict, *, total_tokens: int) -> PackedSegments:
             "pass position ids of shape (batch, sequence_length), one per token (text models only)."
         )
     return segments_from_position_ids(position_ids)
+
+
+def with_row_boundaries(kwargs: dict, *, rows: int, length: int, device: torch.device) -> dict:
+    """`kwargs` with `cu_seq_lens_q/k` and `max_length_q/k` added where they carry neither boundaries nor positions.
+
+    Attention layers of families that consume `position_ids` in their embeddings (BERT, RoBERTa) see none. A
+    flattened batch reaches them with `cu_seq_lens` (the guard adds them) or `seq_idx`, whose boundaries are used;
+    a call with none of these is ordinary rows, one sequence each::
+
+        rows 2, length 4, no boundaries   ->   cu_seq_lens [0, 4, 8], max_length 4
+
+    Args:
+        kwargs (`dict`): the attention function's keyword arguments.
+        rows, length (`int`): `B` and `T` of the attention inputs.
+        device (`torch.device`): where the attention inputs are.
+    """
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        return kwargs
+    if kwargs.get("position_ids") is not None:
+        return kwargs
+    seq_idx = kwargs.get("seq_idx")
+    if seq_idx is not None:
+        starts = torch.ones_like(seq_idx, dtype=torch.bool)
+        starts[..., 1:] = seq_idx[..., 1:] != seq_idx[..., :-1]
+        segments = _segments_from_starts(starts.reshape(-1).to(device))
+    else:
+        cu_seqlens = torch.arange(0, rows * length + 1, length, dtype=CU_SEQLENS_DTYPE, device=device)
+        segments = PackedSegments(cu_seqlens=cu_seqlens, max_length=length)
+    cu = segments.cu_seqlens
+    return {
+        **kwargs,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": segments.max_length,
+        "max_length_k": segments.max_length,
+    }
 
 
 def host_boundaries(cu_seqlens: torch.Tensor) -> list[int]:

@@ -22,6 +22,8 @@ from ..vision.positions import checked_multimodal_positions, rope_index_of
 from ..vision.token_types import require_token_types
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
 from .families import row_length_limit
+from .family_positions import position_start, text_changes
+from .heads import warn_masked_first_labels
 
 GUARD_ATTRIBUTE = "_flatcollate_guard"
 
@@ -165,6 +167,9 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
     flattened = has_boundaries or (
         text_positions is not None and is_flattened({**arguments, "position_ids": text_positions})
     )
+    if flattened and shard is None and text_positions is not None and text_positions.dim() == 2:
+        changes.update(text_changes(model, arguments, text_positions, derived=position_ids is not None))
+        warn_masked_first_labels(model, arguments.get("labels"), position_starts(text_positions))
     if flattened:
         changes.update(_multimodal_changes(model, arguments, text_positions))
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
@@ -257,15 +262,15 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     model._flatcollate_unsupported = unsupported
     model._flatcollate_row_limit = row_length_limit(model) if isinstance(model, PreTrainedModel) else None
     model._flatcollate_rope_index = rope_index_of(model)
+    model._flatcollate_position_start = position_start(model)
     existing = vars(model).get(GUARD_ATTRIBUTE)
     if existing is not None:
         return existing
     signature = inspect.signature(model.forward)
     parameters = signature.parameters
     model._flatcollate_signature = signature
-    model._flatcollate_takes_use_cache = "use_cache" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
+    model._flatcollate_takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    model._flatcollate_takes_use_cache = "use_cache" in parameters or model._flatcollate_takes_kwargs
     model._flatcollate_before_forward = []
     previous = vars(model).get("forward")
     inner = previous  # a forward another library set on the instance (TRL's fused loss) keeps being called
