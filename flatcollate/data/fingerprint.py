@@ -5,7 +5,8 @@ vocabulary, merges, normalizer, pre-tokenizer, post-processor (BOS/EOS added or 
 `tokenizer_config.json` with `split_special_tokens` and the special tokens; the chat template; a slow tokenizer's
 vocabulary files) plus its plain attributes that are not saved, the chat template text and its variables, a
 processor's class and settings, every encoder option (the resolved prompt template, not its name or path), `on_error`
-and the flatcollate version. Changing any of them gives a new cache file; the same settings reuse it.
+and the flatcollate version. The data's key covers the content of every image file a row refers to by path
+(`image_files_fingerprint`). Changing any of them gives a new cache file; the same settings reuse it.
 """
 
 import dataclasses

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import PIL.Image
+import pyarrow as pa
 
 from .row_errors import RowError, RowTypeError
 
@@ -76,3 +77,35 @@ def load_image(value, *, where: str) -> PIL.Image.Image:
 def load_images(values: list, *, where: str) -> list[PIL.Image.Image]:
     """`load_image` for each image of a row, in order; `where` names the row and field, the index is added."""
     return [load_image(value, where=f"{where}, image {i}") for i, value in enumerate(values)]
+
+
+def image_paths(column: pa.Array | pa.ChunkedArray) -> list[str]:
+    """The file paths an images column refers to, as `load_image` reads them: strings, and the `path` of image
+    dicts without `bytes` (`datasets.Image()` stores a file given by its path that way), at any list depth.
+
+    Args:
+        column (`pyarrow.Array` or `pyarrow.ChunkedArray`): the column as the dataset stores it (`dataset.data`).
+
+    Returns:
+        `list[str]`: one entry per image given by its path (repeats kept). Images held as bytes, and columns of any
+        other type, give none: their content is in the dataset's own fingerprint.
+
+    >>> image_paths(pa.array([["a.png", None], [], ["b.png"]]))
+    ['a.png', 'b.png']
+    >>> image_paths(pa.array([[{"bytes": None, "path": "a.png"}, {"bytes": b"...", "path": "b.png"}]]))
+    ['a.png']
+    """
+    if isinstance(column, pa.ChunkedArray):
+        return [path for chunk in column.chunks for path in image_paths(chunk)]
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return image_paths(column.flatten())
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return column.drop_null().to_pylist()
+    if pa.types.is_struct(kind) and kind.get_field_index("path") >= 0:
+        fields = dict(zip([kind.field(i).name for i in range(kind.num_fields)], column.flatten(), strict=True))
+        paths = fields["path"]
+        if "bytes" in fields:  # the bytes win over the path when both are there
+            paths = paths.filter(fields["bytes"].is_null())
+        return paths.drop_null().to_pylist()
+    return []

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
 from .encode import build_encoder
-from .fingerprint import encoder_fingerprint
+from .fingerprint import encoder_fingerprint, image_files_fingerprint
+from .images import image_paths
 from .row_errors import SkippedRow
 from .vision_encode import VisionEncoder
 
@@ -124,6 +125,13 @@ def _skip_stats(encoded: datasets.Dataset) -> tuple[EncodeStats, np.ndarray]:
     return EncodeStats(len(encoded), len(kept), dict(counts), first, messages), kept
 
 
+def _image_files_key(dataset: datasets.Dataset, encoder) -> str | None:
+    """The content of the image files the rows refer to by path (the dataset's fingerprint has only the paths)."""
+    if not isinstance(encoder, VisionEncoder) or encoder.images_field not in dataset.column_names:
+        return None
+    return image_files_fingerprint(image_paths(dataset.data.column(encoder.images_field)))
+
+
 def make_supervised_dataset(
     tokenizer,
     data,
@@ -145,9 +153,9 @@ def make_supervised_dataset(
         seed (`int`, *optional*, defaults to 42): the rows are shuffled with this seed after encoding; `None` keeps
             the sources' order.
         num_proc (`int`, *optional*): worker processes for tokenization.
-        cache_dir (`str`, *optional*): where to keep the tokenized dataset, keyed by the data's fingerprint and
-            everything that decides the encoding (tokenizer, special tokens, chat template, encoder options,
-            `on_error`, flatcollate version).
+        cache_dir (`str`, *optional*): where to keep the tokenized dataset, keyed by the data's fingerprint, the
+            content of the image files rows refer to by path, and everything that decides the encoding (the
+            tokenizer's serialized state, chat template, encoder options, `on_error`, flatcollate version).
         batch_size (`int`, *optional*, defaults to 1000): rows per `datasets.map` batch.
         on_error (`str`, *optional*, defaults to `"raise"`): `"raise"` the first `RowError`, or `"skip"` rows that
             cannot be encoded; skipped rows are counted by reason and logged (a warning with the first row indices).
@@ -185,7 +193,7 @@ def make_supervised_dataset(
         }
 
     # Our own key also spares `datasets` from hashing the function, which pickles the whole tokenizer (seconds).
-    key = Hasher.hash([dataset._fingerprint, encoder_fingerprint(encoder)])
+    key = Hasher.hash([dataset._fingerprint, encoder_fingerprint(encoder), _image_files_key(dataset, encoder)])
     cache_file = None
     if cache_dir is not None:
         os.makedirs(cache_dir, exist_ok=True)

@@ -1,7 +1,7 @@
 """Cache keys: a cached tokenized dataset is read back only where a fresh encoding gives the same rows.
 
-Each case changes one thing a cache key must cover (a tokenizer setting), then checks the dataset
-`make_supervised_dataset` returns from a warm cache against a fresh encoding.
+Each case changes one thing a cache key must cover (a tokenizer setting, the content of an image file at the same
+path), then checks the dataset `make_supervised_dataset` returns from a warm cache against a fresh encoding.
 """
 
 import copy
@@ -9,12 +9,15 @@ import subprocess
 import sys
 
 import datasets
+import PIL.Image
 import pytest
 from tokenizers import normalizers, pre_tokenizers
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
 
 from flatcollate.data import build_encoder, make_supervised_dataset
 from flatcollate.data.fingerprint import tokenizer_fingerprint
+
+from .test_vision_encode import ImageOnlyQwen2VLProcessor, chat_template, qwen_tokenizer
 
 ROWS = [
     {"question": "Is <|endoftext|> one token?", "answer": "Only while special tokens are not split."},
@@ -68,3 +71,45 @@ def test_the_tokenizer_key_is_the_same_for_the_same_tokenizer_in_another_process
     done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == tokenizer_fingerprint(gpt2), "a cache written by one run is found by the next"
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(tokenizer_dir):
+    return ImageOnlyQwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=4 * 56 * 56),
+        tokenizer=qwen_tokenizer(tokenizer_dir),
+        chat_template=chat_template("<|vision_start|><|image_pad|><|vision_end|>"),
+    )
+
+
+def image_rows(path, form):
+    """One conversation whose image is the file at `path`, in the column forms that refer to a file by its path."""
+    image = {"str": str(path), "image_dict": {"bytes": None, "path": str(path)}, "image_feature": str(path)}[form]
+    messages = [
+        {"role": "user", "content": [{"type": "image", "text": None}, {"type": "text", "text": "What is it?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A square."}]},
+    ]
+    rows = [{"messages": messages, "images": [image]}]
+    if form == "image_feature":  # `datasets.Image()` keeps a path, not the bytes, for a file given by its path
+        features = datasets.Dataset.from_list(rows).features.copy()
+        features["images"] = datasets.List(datasets.Image())
+        return datasets.Dataset.from_list(rows, features=features), rows
+    return datasets.Dataset.from_list(rows), rows
+
+
+@pytest.mark.parametrize("form", ["str", "image_dict", "image_feature"])
+def test_a_replaced_image_file_at_the_same_path_is_encoded_again(qwen2_vl, form, tmp_path):
+    path = tmp_path / "square.png"
+    PIL.Image.new("RGB", (56, 56), (200, 30, 30)).save(path)
+    dataset, rows = image_rows(path, form)
+    cache = tmp_path / "cache"
+    first = make_supervised_dataset(qwen2_vl, dataset, seed=None, cache_dir=cache)
+    PIL.Image.new("RGB", (112, 112), (30, 30, 200)).save(path)  # same path, another size and content
+    expected = build_encoder(qwen2_vl)(dataset[0], index=0)
+    assert len(expected["input_ids"]) != len(first[0]["input_ids"])
+    again = make_supervised_dataset(qwen2_vl, dataset, seed=None, cache_dir=cache)
+    assert again[0]["input_ids"] == expected["input_ids"], "the cache returned the old image's tokens"
+    assert again[0]["image_grid_thw"] == expected["image_grid_thw"].tolist()
+    unchanged = make_supervised_dataset(qwen2_vl, dataset, seed=None, cache_dir=cache)
+    assert unchanged.cache_files == again.cache_files, "the same file content reads the cache back"
+    assert rows[0]["images"]  # the rows themselves never changed: only the file did
