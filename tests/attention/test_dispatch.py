@@ -108,12 +108,26 @@ def test_head_dim_over_256_skips_flash_attn(fake_cuda):
     assert select_kernel(torch.zeros(4, 2, 512, dtype=torch.float16), softcap=None, dropout=0.0) == "torch_varlen"
 
 
-def test_unknown_backend_and_missing_boundaries_raise():
+def test_unknown_backend_raises():
     q, k, v, kwargs = layer_inputs(dtype=torch.float32)
     with pytest.raises(ValueError, match="Unknown packed attention backend 'nope'"):
         packed_attention_forward(torch.nn.Module(), q, k, v, None, backend="nope", **kwargs)
-    with pytest.raises(ValueError, match="needs sequence boundaries"):
-        packed_attention_forward(torch.nn.Module(), q, k, v, None)
+
+
+def test_a_call_without_boundaries_is_one_sequence_per_row_and_seq_idx_is_read():
+    """Layers of BERT-style families never see positions: an ordinary call is plain causal attention per row, and a
+    flattened batch whose layers see only `seq_idx` keeps its sequences apart."""
+    q, k, v, kwargs = layer_inputs(dtype=torch.float32)
+    rows = [t.reshape(2, t.shape[1], -1, t.shape[-1]).contiguous() for t in (q, k, v)]  # two rows of half the tokens
+    out, _ = packed_attention_forward(torch.nn.Module(), *rows, None)
+    expected = torch.nn.functional.scaled_dot_product_attention(*rows, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=0)
+    seq_idx = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS))[None]
+    by_seq_idx, _ = packed_attention_forward(torch.nn.Module(), q, k, v, None, seq_idx=seq_idx)
+    by_cu, _ = packed_attention_forward(torch.nn.Module(), q, k, v, None, **kwargs)
+    torch.testing.assert_close(by_seq_idx, by_cu, atol=0, rtol=0)
+    one_row, _ = packed_attention_forward(torch.nn.Module(), q, k, v, None)  # negative control: one long sequence
+    assert (one_row - by_cu).abs().max() > 1e-2
     # A flattened batch (cu_seq_lens) with a mask or cached keys would mix its sequences: refused.
     with pytest.raises(ValueError, match=r"(?s)flattened batch.*attention mask or a cache.*attend to each other"):
         packed_attention_forward(torch.nn.Module(), q, k, v, torch.ones(1, 1, 16, 16, dtype=torch.bool), **kwargs)
