@@ -147,6 +147,44 @@ def _cell(result: dict) -> str:
     return f"{result['status']} ({result['logits_diff']:.1e})"
 
 
+HEADS = [
+    (
+        "`*ForCausalLM`, `*ForConditionalGeneration` (image-text)",
+        "exact",
+        "labels shifted inside the model; the collator masks each sequence's first label (`separator_id=-100`)",
+    ),
+    (
+        "`*ForTokenClassification`",
+        "exact with `DataCollatorWithFlattening(separator_id=None)`",
+        "each token labelled in place, so every label counts; given the causal rule, the prepared model warns",
+    ),
+    ("base models (`*Model`)", "exact", "hidden states per token"),
+    (
+        "`*ForSequenceClassification`, `*ForQuestionAnswering`, `*ForMultipleChoice`",
+        "refused by `prepare_model_for_flattening`",
+        "they read one position per row (the last non-pad token, or indices into it): one answer for N sequences",
+    ),
+    (
+        "encoder-only models (BERT, RoBERTa, DistilBERT, ModernBERT as masked LMs)",
+        "refused by `prepare_model_for_flattening`",
+        "their attention looks both ways; the packed kernels are causal",
+    ),
+]
+"""Heads other than the causal LM's, what flattening does with them and why (`flatcollate.modeling.heads`)."""
+
+HEADS_SECTION = "\n".join(
+    [
+        "## Heads and encoders",
+        "",
+        "The table checks causal-LM heads; other heads of the same families (`tests/modeling/test_heads.py`):",
+        "",
+        "| head | flattened | why |",
+        "|---|---|---|",
+        *(f"| {head} | {verdict} | {why} |" for head, verdict, why in HEADS),
+    ]
+)
+
+
 def to_markdown(rows: list[dict]) -> str:
     """The generated `docs/compatibility.md`."""
     built = [r for r in rows if "results" in r]
@@ -163,7 +201,10 @@ def to_markdown(rows: list[dict]) -> str:
         "length; soft-capping is set to bite (`flatcollate.check_lengths`). The lengths column lists them. `sdpa` and",
         "`eager` are transformers' own backends called as a trainer would (`use_cache=False`, no `attention_mask`);",
         "`flatcollate` is a model passed through `prepare_model_for_flattening` (packed backend, or patched mask",
-        "builders for families whose layers do not use the attention interface).",
+        "builders for families whose layers do not use the attention interface). The per-sequence reference runs each",
+        "sequence as users run it, `model(input_ids=sequence)`, with the positions the model numbers itself: RoBERTa",
+        "and the families built on its embeddings number them from `padding_idx + 1`, which transformers' own",
+        "backends miss when flattened and flatcollate follows.",
         "",
         f"flatcollate is exact on **{len(exact)} of {len(built)}** architectures that build "
         f"({100 * len(exact) / max(len(built), 1):.0f}%); {len(rows) - len(built)} more could not be built as tiny "
@@ -179,6 +220,7 @@ def to_markdown(rows: list[dict]) -> str:
         lines.append(f"| {row['model_type']} | {lengths} | " + " | ".join(cells) + " |")
     skipped = sorted(n for n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if multimodal(n))
     lines += ["", f"Multimodal architectures left out (not text decoders): {', '.join(skipped)}."]
+    lines += ["", HEADS_SECTION]
     failed = [r for r in rows if "error" in r]
     if failed:
         lines += ["", "## Not built", "", "| model_type | error |", "|---|---|"]
