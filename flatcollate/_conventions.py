@@ -28,6 +28,11 @@ IMAGE_FIELDS = (
     "pixel_values_videos",
     "video_grid_thw",
     "second_per_grid_ts",
+    "image_merge_sizes",
+    "video_merge_sizes",
+    "video_compression_mask",
+    "pixel_mask",
+    "batch_num_images",
 )
-"""Per-image (per-video) fields of vision-language processors: `flatcollate.vision` concatenates them in example
-order; the text collators refuse them rather than drop them."""
+"""Per-image (per-video, per-feature, per-example) fields of vision-language processors: `flatcollate.vision`
+concatenates them in example order; the text collators refuse them rather than drop them."""

@@ -1,5 +1,6 @@
 """`VisionDataCollatorWithFlattening`: flattened image-text batches from per-example processor outputs."""
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -8,6 +9,7 @@ import torch
 
 from .._conventions import IMAGE_FIELDS
 from ..collate.flattening import DataCollatorWithFlattening
+from .fields import check_fields, model_inputs
 from .layouts import TOKEN_TYPE_FIELDS, VisionLayout, expected_placeholders, image_count
 from .token_types import check_example_token_types, token_types_read
 
@@ -28,7 +30,8 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
 
     Every example must hold exactly the placeholders its own images fill (counted per example where the family says
     how many: grid families and fixed-count families); otherwise a surplus in one example and a shortfall in the next
-    would move an image into the wrong sequence without any error from the model.
+    would move an image into the wrong sequence without any error from the model. A field the model's forward takes
+    that the collator cannot place is refused, never dropped (`flatcollate.vision.fields`).
 
     Prepare the model with `flatcollate.prepare_model_for_flattening`: multimodal-RoPE families (Qwen2/2.5/3-VL,
     GLM-4V) then get their 3-D positions per sequence from the model's own `get_rope_index`.
@@ -58,11 +61,15 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
 
     @classmethod
     def from_model(cls, model, **kwargs) -> "VisionDataCollatorWithFlattening":
-        """A collator with the layout of `model`'s family (a model or its config; PEFT wrappers are read through)."""
+        """A collator with the layout of `model`'s family (a model or its config; PEFT wrappers are read through) and,
+        given a model, the parameters of its forward (`VisionLayout.model_inputs`)."""
         config = getattr(model, "config", model)
         kwargs.setdefault("vocab_size", getattr(config.get_text_config(), "vocab_size", None))
         kwargs.setdefault("token_types", token_types_read(model) if isinstance(model, torch.nn.Module) else None)
-        return cls(layout=VisionLayout.from_config(config), **kwargs)
+        layout = VisionLayout.from_config(config)
+        if isinstance(model, torch.nn.Module):
+            layout = dataclasses.replace(layout, model_inputs=model_inputs(model))
+        return cls(layout=layout, **kwargs)
 
     def __call__(
         self, features: Sequence[Mapping[str, Any]], return_tensors: str | None = None, separator_id: int | None = None
@@ -70,6 +77,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         return_tensors = return_tensors or self.return_tensors
         if isinstance(features, Mapping) or not isinstance(features, Sequence):
             raise TypeError(f"features must be a list of examples (dicts), got {type(features).__name__}.")
+        check_fields(features, self.layout.model_inputs)
         text = [_without(feature, (*IMAGE_FIELDS, *TOKEN_TYPE_FIELDS)) for feature in features]
         batch = super().__call__(text, return_tensors="np", separator_id=separator_id)
         length = batch["input_ids"].shape[1]

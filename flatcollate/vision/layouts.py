@@ -56,6 +56,9 @@ class VisionLayout:
         same_count (`bool`): every image fills the same (unknown) number of placeholders; checked across the batch.
         batch_first (`tuple[str, ...]`): fields laid out `(1, images, ...)` per example.
         padded (`tuple[str, ...]`): fields padded on dimension 1 to concatenate.
+        model_inputs (`frozenset[str]`, *optional*): the parameters of the model's `forward` (set by
+            `VisionDataCollatorWithFlattening.from_model`): an example's field among them that the collator cannot
+            place is refused rather than dropped.
     """
 
     image_token_id: int | None = None
@@ -65,6 +68,7 @@ class VisionLayout:
     same_count: bool = False
     batch_first: tuple[str, ...] = ()
     padded: tuple[str, ...] = ()
+    model_inputs: frozenset[str] | None = None
 
     @classmethod
     def from_config(cls, config) -> "VisionLayout":

@@ -164,3 +164,65 @@ def test_vision_fields_read_back_as_float64_lists_come_out_float32():
     batch = VisionDataCollatorWithFlattening(layout=FIXED)(examples)
     assert batch["pixel_values"].dtype == torch.float32
     assert_close(batch["pixel_values"], torch.tensor([[[[0.5, 0.25]]], [[[1.0, 2.0]]]]))
+
+
+def test_image_merge_sizes_are_carried_in_example_order():
+    """VideoLLaMA 3's merge per image: left out, the model fails far from the cause."""
+    examples = [
+        {"input_ids": [IMG, 1], "pixel_values": torch.zeros(4, 6), "image_merge_sizes": torch.tensor([1])},
+        {"input_ids": [2]},
+        {"input_ids": [IMG, IMG, 3], "pixel_values": torch.ones(8, 6), "image_merge_sizes": torch.tensor([2, 1])},
+    ]
+    batch = VisionDataCollatorWithFlattening(layout=VisionLayout(image_token_id=IMG))(examples)
+    assert_close(batch["image_merge_sizes"], torch.tensor([1, 2, 1]))
+    assert_close(batch["pixel_values"], torch.cat([torch.zeros(4, 6), torch.ones(8, 6)]))
+
+
+def test_video_llama_3_flattened_with_its_merge_sizes_equals_each_example_alone():
+    from flatcollate import prepare_model_for_flattening
+    from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm
+
+    model = tiny_vision_lm("video_llama_3").eval()
+    examples = tiny_vision_examples(model, count=3, seed=1, images=(1, 2, 0))
+    prepared = prepare_model_for_flattening(tiny_vision_lm("video_llama_3").eval())
+    batch = VisionDataCollatorWithFlattening.from_model(prepared)(examples)
+    assert_close(batch["image_merge_sizes"], torch.cat([e["image_merge_sizes"] for e in examples[:2]]))
+    per_token = ("input_ids", "labels")
+    with torch.no_grad():
+        alone = [model(**{k: v[None] if k in per_token else v for k, v in e.items()}).logits[0] for e in examples]
+        flat = prepared(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0]
+    assert (flat - torch.cat(alone)).abs().max().item() <= 1e-5
+
+
+def test_a_field_the_model_takes_but_the_collator_cannot_place_is_refused():
+    """Granite Docling's `tile_fine_mask` switches the whole batch to the fine path; left out, the model would run the
+    coarse one. A deprecated name of a vision field would leave the images out."""
+    from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm
+
+    model = tiny_vision_lm("granite_docling")
+    (first,) = tiny_vision_examples(model, count=1, seed=0, images=(1,))
+    collator = VisionDataCollatorWithFlattening.from_model(model)
+    assert "pixel_values" in collator([first, {"input_ids": [5, 6]}])  # negative control: no field to leave out
+    fine = {**first, "tile_fine_mask": torch.tensor([True])}
+    with pytest.raises(
+        ValueError, match=r"Example 1: `tile_fine_mask` is an argument of the model's forward .* Remove"
+    ):
+        collator([{"input_ids": [5, 6]}, fine])
+    renamed = {**{k: v for k, v in first.items() if k != "pixel_values"}, "pixel_values_images": first["pixel_values"]}
+    with pytest.raises(ValueError, match=r"Example 0: `pixel_values_images` is a deprecated name of `pixel_values`"):
+        VisionDataCollatorWithFlattening(layout=FIXED)([renamed])
+
+
+def test_an_unknown_array_field_is_refused_and_metadata_is_left_out():
+    """Without the model's forward to ask, an array the collator does not know is refused; with it, a field the model
+    does not take (an id, a source name) is left out, as the text collators leave it out."""
+    from flatcollate.vision.tiny import tiny_vision_lm
+
+    example = {"input_ids": [IMG, 1], "pixel_values": torch.zeros(1, 3, 2, 2)}
+    with pytest.raises(
+        ValueError, match=r"Example 0: `image_crop_boxes` is not a field the collator knows.*from_model"
+    ):
+        VisionDataCollatorWithFlattening(layout=FIXED)([{**example, "image_crop_boxes": torch.zeros(1, 4)}])
+    collator = VisionDataCollatorWithFlattening.from_model(tiny_vision_lm("llava"))
+    batch = collator([{**example, "input_ids": [480] * 16 + [1], "id": 7, "source": "coco", "crop": [1, 2]}])
+    assert "id" not in batch and "source" not in batch and "crop" not in batch
