@@ -28,10 +28,11 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         batch       [t t <i i i i> t | t <i i> t t <i i> t]
                     pixel_values (32, D)       image_grid_thw [[1 4 4] [1 2 4] [1 4 2]]
 
-    Every example must hold exactly the placeholders its own images fill (counted per example where the family says
-    how many: grid families and fixed-count families); otherwise a surplus in one example and a shortfall in the next
-    would move an image into the wrong sequence without any error from the model. A field the model's forward takes
-    that the collator cannot place is refused, never dropped (`flatcollate.vision.fields`).
+    Every example must hold exactly the placeholders its own images fill, counted per example by the family's own rule
+    (`flatcollate.vision.counts`: from `image_grid_thw`, `image_sizes`, real tiles, ...); otherwise a surplus in one
+    example and a shortfall in the next (two examples given each other's images) would move an image into the wrong
+    sequence without any error from the model. A field the model's forward takes that the collator cannot place is
+    refused, never dropped (`flatcollate.vision.fields`).
 
     Prepare the model with `flatcollate.prepare_model_for_flattening`: multimodal-RoPE families (Qwen2/2.5/3-VL,
     GLM-4V) then get their 3-D positions per sequence from the model's own `get_rope_index`.
@@ -107,16 +108,21 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             if token is None:
                 continue
             found = int((ids == token).sum())
-            expected = expected_placeholders(feature, layout, video=video)
-            images = image_count(feature, layout, field)
+            try:
+                expected = expected_placeholders(feature, layout, video=video)
+                images = image_count(feature, layout, field)
+            except ValueError as error:  # a field the family counts from is missing
+                raise ValueError(f"Example {index}: {error}") from None
             if not video:
                 counts = (found, images)
             if expected is None and (found > 0) != (images > 0):
                 expected = "some" if images else 0
             if expected is not None and found != expected:
+                tiled = "pixel_values" in layout.batch_first  # Idefics-style rows of tiles (Fuyu: of patches)
+                noun = "videos" if video else "images (tiles)" if tiled else "images"
                 raise ValueError(
                     f"Example {index}: `input_ids` hold {found} placeholder tokens (id {token}) but its {images} "
-                    f"{'videos' if video else 'images'} fill {expected}. Flattened, the features would land in another "
+                    f"{noun} fill {expected}. Flattened, the features would land in another "
                     "example's sequence. Process each example's text and images together (the processor expands the "
                     "placeholders), and do not truncate inside an image."
                 )

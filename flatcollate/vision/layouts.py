@@ -4,7 +4,8 @@ A processor expands every image of an example into placeholder tokens in `input_
 order, with the vision tower's features. Flattening concatenates the examples' images in example order, so the
 features still land on their own example's placeholders, provided every example holds exactly as many placeholders as
 its images fill. A surplus in one example and a shortfall in the next cancel in the model's own total check and move
-an image into the wrong sequence: the collator counts per example (`expected_placeholders`).
+an image into the wrong sequence: the collator counts per example (`expected_placeholders`), by the family's own rule
+(`flatcollate.vision.counts`).
 """
 
 from collections.abc import Mapping
@@ -12,33 +13,56 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .counts import Rule, image_token_rule
+
 GRID_FAMILIES = frozenset(
     {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "paddleocr_vl"}
 )
 """Families whose images fill `t * h / merge * w / merge` placeholders each (`image_grid_thw`)."""
 
-FIXED_COUNT_FAMILIES = frozenset({"llava", "vipllava", "paligemma", "gemma3", "shieldgemma2", "llava_next_video"})
-"""Families whose every image fills the same number of placeholders (one feature map per image)."""
+FIXED_COUNT_FAMILIES = frozenset(
+    {
+        "llava",
+        "vipllava",
+        "video_llava",
+        "paligemma",
+        "gemma3",
+        "shieldgemma2",
+        "aya_vision",
+        "cohere2_vision",
+        "internvl",
+        "aria",
+        "llama4",
+        "got_ocr2",
+        "pp_chart2table",
+    }
+)
+"""Families whose every image fills the same number of placeholders (one feature map per image): where the count is
+not read from the config (a vision tower `counts` does not know), every image of a batch must agree."""
 
 BATCH_FIRST_FIELDS = {
     "idefics2": ("pixel_values", "pixel_attention_mask"),
     "idefics3": ("pixel_values", "pixel_attention_mask"),
     "smolvlm": ("pixel_values", "pixel_attention_mask"),
+    "granite_docling": ("pixel_values", "pixel_attention_mask"),
+    "fuyu": ("pixel_values",),
 }
-"""Families whose processor returns images as `(batch, images, ...)`: an example's images sit on dimension 1."""
+"""Families whose processor returns images as `(batch, images, ...)`: an example's images (tiles, Fuyu's patches) sit
+on dimension 1."""
 
 PADDED_FIELDS = {
     "llava_next": ("pixel_values",),
+    "llava_next_video": ("pixel_values",),
     "llava_onevision": ("pixel_values",),
     "mistral3": ("pixel_values",),
     "mistral_large4": ("pixel_values",),
     "lighton_ocr": ("pixel_values",),
     "lfm2_vl": ("pixel_values", "pixel_attention_mask"),
 }
-"""Families whose processor zero-pads images to the batch's largest (LLaVA-NeXT: crops per image; Pixtral-based
-Mistral 3 / Mistral Large 3: height and width; LFM2-VL: patches per image, masked by `pixel_attention_mask`); the model
-reads each image's real extent from `image_sizes` (`spatial_shapes`), so the collator pads the examples' images to a
-common shape the same way."""
+"""Families whose processor zero-pads images to the batch's largest (LLaVA-NeXT, LLaVA-NeXT-Video, OneVision: crops per
+image; Pixtral-based Mistral 3 / Mistral Large 3: height and width; LFM2-VL: patches per image, masked by
+`pixel_attention_mask`); the model reads each image's real extent from `image_sizes` (`spatial_shapes`), so the
+collator pads the examples' images to a common shape the same way."""
 
 TOKEN_TYPE_FIELDS = ("mm_token_type_ids", "token_type_ids")
 """Per-token fields beside `input_ids`: concatenated like `input_ids`, 0 (text) on padding."""
@@ -53,6 +77,8 @@ class VisionLayout:
         video_token_id (`int`, *optional*): the video placeholder id.
         merge_size (`int`, *optional*): spatial merge of grid families (`vision_config.spatial_merge_size`).
         tokens_per_image (`int`, *optional*): placeholders of every image, for families with a fixed count.
+        image_tokens (`Callable`, *optional*): the family's rule, `(example) -> (images,) int64` placeholders of each
+            image from the example's vision fields (`flatcollate.vision.counts.image_token_rule`).
         same_count (`bool`): every image fills the same (unknown) number of placeholders; checked across the batch.
         batch_first (`tuple[str, ...]`): fields laid out `(1, images, ...)` per example.
         padded (`tuple[str, ...]`): fields padded on dimension 1 to concatenate.
@@ -65,6 +91,7 @@ class VisionLayout:
     video_token_id: int | None = None
     merge_size: int | None = None
     tokens_per_image: int | None = None
+    image_tokens: Rule | None = None
     same_count: bool = False
     batch_first: tuple[str, ...] = ()
     padded: tuple[str, ...] = ()
@@ -83,6 +110,7 @@ class VisionLayout:
         image = getattr(config, "image_token_index", None) if image is None else image
         vision = getattr(config, "vision_config", None)
         merge = getattr(vision, "spatial_merge_size", None) if family in GRID_FAMILIES else None
+        rule = image_token_rule(config)
         return cls(
             image_token_id=image,
             video_token_id=getattr(config, "video_token_id", None),
@@ -90,7 +118,8 @@ class VisionLayout:
             tokens_per_image=getattr(config, "mm_tokens_per_image", None)
             if family in ("gemma3", "shieldgemma2")
             else None,
-            same_count=family in FIXED_COUNT_FAMILIES,
+            image_tokens=rule,
+            same_count=family in FIXED_COUNT_FAMILIES and rule is None,
             batch_first=BATCH_FIRST_FIELDS.get(family, ()),
             padded=PADDED_FIELDS.get(family, ()),
         )
@@ -101,6 +130,8 @@ def image_count(example: Mapping, layout: VisionLayout, field: str = "pixel_valu
     value = example.get(field)
     if value is None:
         return 0
+    if layout.image_tokens is not None and field == "pixel_values":
+        return len(layout.image_tokens(example))
     if layout.merge_size is not None:  # grid families: one row of `*_grid_thw` per image
         grid = example.get("image_grid_thw" if field == "pixel_values" else "video_grid_thw")
         return 0 if grid is None else int(np.asarray(grid).reshape(-1, 3).shape[0])
@@ -109,7 +140,12 @@ def image_count(example: Mapping, layout: VisionLayout, field: str = "pixel_valu
 
 
 def expected_placeholders(example: Mapping, layout: VisionLayout, *, video: bool = False) -> int | None:
-    """Placeholders the example's images (videos) fill, or None where the family does not say."""
+    """Placeholders the example's images (videos) fill, or None where the family does not say.
+
+    Raises `ValueError` when the example carries images without a field its family counts them from.
+    """
+    if not video and layout.image_tokens is not None:
+        return 0 if example.get("pixel_values") is None else int(layout.image_tokens(example).sum())
     if layout.merge_size is not None:
         grid = example.get("video_grid_thw" if video else "image_grid_thw")
         if grid is None:
