@@ -32,8 +32,11 @@ def head_reason(model: torch.nn.Module) -> str | None:
             f"its head ({name}) reads one position per row (a sequence-classification head pools at the row's last "
             "non-pad token), so a flattened row of N sequences would get one answer; train it on padded batches"
         )
+    # Image-text models are judged by their language model (`families`): vision towers attend both ways, and a
+    # prefix-LM (PaliGemma) may too.
+    composite = model.config.get_text_config() is not model.config
     layers = [module for module in model.modules() if hasattr(module, "is_causal") and module is not model]
-    if layers and not any(module.is_causal for module in layers):
+    if not composite and layers and not any(module.is_causal for module in layers):
         return (
             f"its attention layers attend both ways ({type(layers[0]).__name__}.is_causal is False: an encoder), and "
             "the packed kernels are causal; flattening applies to causal LMs (for BERT-style causal LMs, set "
