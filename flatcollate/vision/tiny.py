@@ -41,6 +41,13 @@ TINY_VISION_SIZES = {
     "patch_size": 8,
 }
 
+WEIGHT_NOISE = 0.05
+"""Std of the seeded noise `tiny_vision_lm` adds to every parameter after transformers' init. Some inits leave the
+images inert: Gemma 3's `mm_input_projection_weight` starts at zero (its logits ignore the pixels and the vision
+tower's gradients are exactly zero), GOT-OCR2's vision tower starts at std 1e-10, Idefics2's resampler latents start
+all equal (its images move its logits by 2e-3; 7e-3 with noise of 0.02, 5e-2 with 0.05). With the noise every
+parameter carries signal and gradient (`flatcollate.vision.controls`)."""
+
 # Projector widths kept at the composite config's top level.
 TINY_PROJECTOR_SIZES = {"alignment_intermediate_size": 64, "projector_hidden_size": 64}
 
@@ -109,7 +116,8 @@ TINY_BUILD_NOTES: dict[str, str] = {
 def tiny_vision_lm(model_type: str, *, seed: int = 0, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """An image-text-to-text model of `model_type` with random weights: 2 text layers of width 64, 1 vision layer.
 
-    Every multimodal special token id of the config is moved into the 512-token vocabulary (480 and up).
+    Every multimodal special token id of the config is moved into the 512-token vocabulary (480 and up). Every
+    parameter gets seeded noise of std `WEIGHT_NOISE` on top of transformers' init, so that none is inert.
 
     Args:
         model_type: a key of `FAMILIES`, e.g. `"qwen2_vl"`.
@@ -132,7 +140,14 @@ def tiny_vision_lm(model_type: str, *, seed: int = 0, attn_implementation: str =
     if attn_implementation == "sdpa" and not model_class._supports_sdpa:
         attn_implementation = "eager"  # as `tiny_causal_lm`: families without an SDPA path run eager
     torch.manual_seed(seed)
-    return AutoModelForImageTextToText.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_config(
+        config, attn_implementation=attn_implementation, dtype=torch.float32
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():  # one draw per tensor, in registration order (tied ones once)
+            parameter.add_(torch.randn(parameter.shape, generator=generator), alpha=WEIGHT_NOISE)
+    return model
 
 
 def tiny_vision_config(model_type: str) -> PretrainedConfig:

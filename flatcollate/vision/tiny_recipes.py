@@ -223,19 +223,24 @@ _IDEFICS = {
     "layout": _IDEFICS_LAYOUT,
 }
 _PATCHES = {"merge": _cat, "sizes": ((4, 4), (4, 6), (8, 4), (2, 6))}  # patches; merged 2 x 2
+# LLaVA takes the second-to-last vision layer's output; with one layer that is the embeddings, and the layer would
+# never run. The last layer's output runs it.
+_LAST_LAYER = {"vision_feature_layer": -1}
 _QWEN = {"pixels": _qwen_pixels, **_PATCHES}
 _ANYRES = {
     "pixels": _anyres_pixels,
     "merge": _cat_padded,
     "block": _plain,
     "sizes": ((32, 32), (32, 64), (64, 32), (48, 40)),
-    "top": {"image_grid_pinpoints": [[32, 64], [64, 32], [64, 64]], "image_seq_length": 16},
+    "top": {"image_grid_pinpoints": [[32, 64], [64, 32], [64, 64]], "image_seq_length": 16, **_LAST_LAYER},
 }
+_NO_POOLING_HEAD = {"vision_use_head": False}  # SigLIP's pooled vector: these families take the patch features
 _GEMMA3 = {
     "pixels": _square_pixels,
     "merge": _cat,
     "block": _wrapped("boi_token_index", "eoi_token_index"),
     "top": {"mm_tokens_per_image": 4},
+    "vision": _NO_POOLING_HEAD,
 }
 _PIXTRAL = {
     "pixels": _sized_pixels,
@@ -309,7 +314,7 @@ FAMILIES: dict[str, Family] = {
     "aya_vision": Family(
         **_SQUARE, block=_wrapped("start_of_img", "end_of_img"), layout=("start_of_img", "end_of_img")
     ),
-    "cohere2_vision": Family(**_SQUARE, block=_wrapped("boi", "eoi"), layout=("boi", "eoi")),
+    "cohere2_vision": Family(**_SQUARE, block=_wrapped("boi", "eoi"), layout=("boi", "eoi"), vision=_NO_POOLING_HEAD),
     "internvl": Family(
         **_SQUARE,
         block=_wrapped("img_start", "img_end"),
@@ -331,7 +336,7 @@ FAMILIES: dict[str, Family] = {
         block=_wrapped("image_start", "image_end"),
         layout=("image_start", "image_end"),
         sizes=((4, 4), (4, 6), (6, 2)),
-        vision={"num_patches": 16},
+        vision={"num_patches": 16, **_NO_POOLING_HEAD},
     ),
     "cosmos3_omni": Family(**_QWEN3),
     "cosmos3_edge": Family(**_QWEN3),
@@ -340,7 +345,7 @@ FAMILIES: dict[str, Family] = {
     "glm46v": Family(**_GLM4V, text={"rope_parameters": _MROPE}),
     "glmga": Family(**_GLM4V, text={"rope_parameters": _MROPE}),
     "glm_ocr": Family(**_GLM4V, text={"rope_parameters": _MROPE}),
-    "video_llava": Family(**_SQUARE, block=_plain),
+    "video_llava": Family(**_SQUARE, block=_plain, top=_LAST_LAYER),
     "hyperclovax_vision_v2": Family(**_QWEN2_5, block=_plain, vision=_QWEN2_5_VISION),
     "exaone4_5": Family(**_QWEN2_5, block=_plain, vision={**_QWEN2_5_VISION, "num_key_value_heads": 2}),
     "lfm3_vl": Family(
@@ -417,7 +422,7 @@ FAMILIES: dict[str, Family] = {
         layout=("image_newline",),
     ),
     "gemma3": Family(**_GEMMA3),
-    "llava": Family(pixels=_square_pixels, merge=_cat, block=_plain, top={"image_seq_length": 16}),
+    "llava": Family(pixels=_square_pixels, merge=_cat, block=_plain, top={"image_seq_length": 16, **_LAST_LAYER}),
     "idefics3": Family(**_IDEFICS),
     "smolvlm": Family(**_IDEFICS),
     "llava_next_video": Family(**_ANYRES),

@@ -1,5 +1,9 @@
 """Model-level proof for vision-language models: a flattened image-text batch gives each example's logits, and the
-batch's loss and gradients, exactly as running every example alone (images included); vanilla transformers does not."""
+batch's loss and gradients, exactly as running every example alone (images included); vanilla transformers does not.
+
+Two controls show that the proof can see the images it proves about: reversing the batch's images across examples
+moves the logits by far more than the tolerance, and every vision-tower and projector parameter gets a gradient
+(`flatcollate.vision.controls`)."""
 
 import copy
 
@@ -9,6 +13,7 @@ import torch
 from flatcollate import prepare_model_for_flattening
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.check import exact_within
+from flatcollate.vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift
 from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
 from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm
 
@@ -90,11 +95,26 @@ def family_case(request):
     return request.param, model, examples
 
 
-def test_flattened_batch_equals_each_example_alone(family_case):
-    family, model, examples = family_case
-    reference_logits, reference_loss, reference_grads = separate_run(model, examples)
+@pytest.fixture(scope="module")
+def reference(family_case):
+    """Each example alone (`separate_run`), once per family."""
+    _, model, examples = family_case
+    return separate_run(model, examples)
+
+
+@pytest.fixture(scope="module")
+def flattened(family_case):
+    """A prepared copy of the family's model, its collator's layout and the flattened batch, once per family."""
+    _, model, examples = family_case
     prepared = prepare_model_for_flattening(copy.deepcopy(model))
-    batch = VisionDataCollatorWithFlattening.from_model(prepared)(examples)
+    collator = VisionDataCollatorWithFlattening.from_model(prepared)
+    return prepared, collator.layout, collator(examples)
+
+
+def test_flattened_batch_equals_each_example_alone(family_case, reference, flattened):
+    family = family_case[0]
+    reference_logits, reference_loss, reference_grads = reference
+    prepared, _, batch = flattened
     logits, loss, flat_grads = flattened_run(prepared, batch)
     assert (logits - reference_logits).abs().max().item() <= TOL
     assert abs(loss.item() - reference_loss.item()) <= TOL
@@ -104,6 +124,24 @@ def test_flattened_batch_equals_each_example_alone(family_case):
     for name, g in reference_grads.items():
         worst = (flat_grads[name] - g).abs().max().item()
         assert worst <= exact_within(g.abs().max().item()), f"{family}: gradient of {name} differs by {worst}"
+
+
+def test_reversing_the_images_moves_the_logits(family_case, reference, flattened):
+    """Negative control: the flattened batch with its images in reverse order across examples (example 0 sees one of
+    example 1's) must move the logits, from each example's own run, by more than `IMAGE_SHIFT`, 1000x the tolerance;
+    a family whose logits ignore its pixels would pass the proof blind."""
+    family = family_case[0]
+    prepared, layout, batch = flattened
+    shift = image_shift(prepared, batch, layout, reference[0])
+    assert shift > IMAGE_SHIFT, f"{family}: reversing the images moves the logits by {shift:.1e} only"
+
+
+def test_every_image_parameter_gets_a_gradient(family_case, reference):
+    """No vision-tower or projector parameter is inert: each gradient of the reference run is non-zero somewhere,
+    except the ones `controls.UNUSED_BY_DESIGN` names with the family's reason."""
+    family, model, _ = family_case
+    assert image_parameters(model)
+    assert dead_image_parameters(model, reference[2]) == [], family
 
 
 def test_what_vanilla_transformers_gives_on_the_same_batch(family_case):
