@@ -8,6 +8,7 @@ import torch
 
 from flatcollate.check import check_model
 from flatcollate.cli import main
+from flatcollate.vision import tiny
 from flatcollate.vision.check import image_text_model_type, not_built_reason
 from flatcollate.vision.tiny import FAMILIES, TINY_BUILD_NOTES, tiny_vision_lm
 
@@ -25,6 +26,20 @@ def test_qwen2_vl_is_exact_prepared_and_contaminated_vanilla():
     assert vanilla.logits_diff > 1e-3  # one mRoPE numbering over the whole row moves every later sequence
     assert max(prepared.logits_diff, prepared.loss_diff, prepared.grad_diff) <= TOL
     assert report.model_type == "qwen2_vl" and len(report.lengths) == 3 and "images" in report.exercised
+    assert "the logits move by" in report.exercised["images reversed across examples (control)"]
+    assert report.exercised["image-path gradients (control)"] == "19 of 19 parameters get one"
+
+
+def test_a_family_whose_logits_ignore_its_images_is_unverified(monkeypatch):
+    """Gemma 3 as transformers initialises it (`mm_input_projection_weight` at zero) ignores its pixels: its flattened
+    batch agrees with each example alone whether or not the images reached their sequences, so it is not `exact`."""
+    monkeypatch.setattr(tiny, "WEIGHT_NOISE", 0.0)
+    report = check_model("gemma3", backends=("flatcollate",))
+    (result,) = report.results
+    assert result.status == "unverified" and not report.passed, report.to_markdown()
+    assert max(result.logits_diff, result.loss_diff, result.grad_diff) <= 1e-4  # agreement alone proves nothing
+    assert result.reason.startswith("blind to its images: reversing them across examples moves the logits by 0.0e+00")
+    assert "vision-tower or projector parameters get no gradient" in result.reason
 
 
 @pytest.mark.parametrize(("family", "vanilla"), [("gemma3", "contaminated"), ("llava", "exact")])

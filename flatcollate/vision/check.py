@@ -13,9 +13,15 @@ as for text families): the packed backend runs SDPA per sequence, and Gemma 3's 
 8e-5 between eager and SDPA from fp32 rounding alone, above the 1e-5 tolerance. Logits, loss and gradients must agree
 within the tolerance (fp32 CPU), as for text families in `flatcollate.check`, whose report and verdict types this
 module fills.
+
+Two controls show that the check can see the images it checks (`flatcollate.vision.controls`): reversing the batch's
+images across examples must move the logits by more than 1e-2, and every vision-tower and projector parameter must
+get a gradient in the reference run. Where either fails, an `exact` backend is reported `unverified` instead: its
+agreement would hold whether or not each image reached its own sequence.
 """
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,6 +34,7 @@ from ..attention import ATTN_IMPLEMENTATION
 from ..check import BackendResult, CheckReport, _grads, _run_flat, _set_vanilla, _token_losses, compared
 from ..modeling import prepare_model_for_flattening, unsupported_reason
 from .collate import VisionDataCollatorWithFlattening
+from .controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift
 from .layouts import TOKEN_TYPE_FIELDS
 from .tiny import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
 
@@ -126,10 +133,11 @@ def check_vision_model(
         return CheckReport(model_type=model_type, lengths=(), tolerance=tolerance or 1e-5, results=results)
     base = tiny_vision_lm(model_type, seed=seed, attn_implementation="sdpa").eval()
     examples = tiny_vision_examples(base, count=len(IMAGES_PER_EXAMPLE), seed=seed, images=IMAGES_PER_EXAMPLE)
-    batch = VisionDataCollatorWithFlattening.from_model(base)(examples)
+    collator = VisionDataCollatorWithFlattening.from_model(base)
+    batch = collator(examples)
     ref_logits, ref_loss, ref_grads = _run_alone(base, examples)
     tolerances = _tolerances(tolerance, ref_logits, ref_loss, ref_grads)
-    results = []
+    results, ran = [], {}
     for backend in backends:
         candidate = copy.deepcopy(base)
         if backend == ATTN_IMPLEMENTATION:
@@ -146,15 +154,46 @@ def check_vision_model(
         if reason is not None:
             results.append(BackendResult(backend=backend, status="unsupported", reason=reason))
             continue
+        ran[backend] = (candidate, logits)
         results.append(compared(backend, (logits, loss, grads), (ref_logits, ref_loss, ref_grads), tolerances))
+    # The negative control runs on the prepared model where it ran, else on the first backend that did.
+    runner = ran.get(ATTN_IMPLEMENTATION) or next(iter(ran.values()), None)
+    shift = None if runner is None else image_shift(runner[0], batch, collator.layout, runner[1])
+    controls, blind = _controls(shift, len(image_parameters(base)), dead_image_parameters(base, ref_grads))
+    if blind is not None:
+        results = [
+            dataclasses.replace(r, status="unverified", reason=blind) if r.status == "exact" else r for r in results
+        ]
     return CheckReport(
         model_type=model_type,
         lengths=tuple(len(e["input_ids"]) for e in examples),
         tolerance=max(tolerances.values()),
         results=results,
-        exercised=_exercised(base, examples, model),
+        exercised={**_exercised(base, examples, model), **controls},
         tolerances=tolerances,
     )
+
+
+def _controls(shift: float | None, parameters: int, dead: list[str]) -> tuple[dict[str, str], str | None]:
+    """What the controls measured, for the report, and why the check is blind to its images (None when it is not).
+
+    >>> _controls(0.5, 30, [])[1] is None, _controls(0.0, 30, [])[1]
+    (True, 'blind to its images: reversing them across examples moves the logits by 0.0e+00 (a control needs > 1e-02)')
+    """
+    measured = "not run (no backend ran the batch)" if shift is None else f"the logits move by {shift:.1e}"
+    controls = {
+        "images reversed across examples (control)": f"{measured}; more than {IMAGE_SHIFT:g} needed",
+        "image-path gradients (control)": f"{parameters - len(dead)} of {parameters} parameters get one"
+        + (f"; none for {', '.join(dead[:3])}{' ...' if len(dead) > 3 else ''}" if dead else ""),
+    }
+    why = []
+    if shift is not None and shift <= IMAGE_SHIFT:
+        why.append(
+            f"reversing them across examples moves the logits by {shift:.1e} (a control needs > {IMAGE_SHIFT:.0e})"
+        )
+    if dead:
+        why.append(f"{len(dead)} vision-tower or projector parameters get no gradient ({dead[0]}, ...)")
+    return controls, ("blind to its images: " + "; ".join(why)) if why else None
 
 
 def exact_within(size: float) -> float:
