@@ -10,13 +10,25 @@ the flattened run just computes no padding.
 import argparse
 import tempfile
 
+import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import Trainer, TrainingArguments
-from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from flatcollate import DataCollatorWithFlattening
+from flatcollate import IGNORE_INDEX, DataCollatorWithFlattening
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sft_dataset
+
+
+def pad_collate(features: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-padded batch: `input_ids` (pad 0), `labels` (pad -100) and `attention_mask`, each `(B, L)` int64."""
+    input_ids = [torch.tensor(f["input_ids"]) for f in features]
+    labels = [torch.tensor(f["labels"]) for f in features]
+    return {
+        "input_ids": pad_sequence(input_ids, batch_first=True, padding_value=0),
+        "labels": pad_sequence(labels, batch_first=True, padding_value=IGNORE_INDEX),
+        "attention_mask": pad_sequence([torch.ones_like(ids) for ids in input_ids], batch_first=True),
+    }
 
 
 def train(mode: str, dataset, *, batch_size: int, epochs: int, output_dir: str, seed: int) -> Trainer:
@@ -26,7 +38,7 @@ def train(mode: str, dataset, *, batch_size: int, epochs: int, output_dir: str, 
         prepare_model_for_flattening(model)
         collator = DataCollatorWithFlattening()
     else:
-        collator = DataCollatorForLanguageModeling(pad_token_id=0)
+        collator = pad_collate
     args = TrainingArguments(
         output_dir=f"{output_dir}/{mode}",
         per_device_train_batch_size=batch_size,

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,10 @@ from flatcollate import DataCollatorWithFlattening, TokenBudgetBatchSampler, pre
 from flatcollate.models import tiny_causal_lm
 from flatcollate.streaming import StreamingPacker
 from flatcollate.training import count_items, global_num_items, normalized_loss
+
+# torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated: a warning at every loader that
+# says nothing about this script. Silenced for that message from torchdata only.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", module=r"torchdata\.")
 
 COLLATOR = DataCollatorWithFlattening()
 

@@ -4,11 +4,13 @@ The commands are read from each example's docstring (`python examples/...` lines
 missing file or option fails here.
 """
 
+import ast
 import importlib.util
 import math
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,35 @@ def test_every_example_documents_a_command_without_arguments():
     assert EXAMPLES
     for path in EXAMPLES:
         assert [path.relative_to(ROOT).as_posix()] in docstring_commands(path), path.name
+
+
+TRL_EXAMPLES = {"sft_trainer_padding_free.py"}
+"""Examples that show TRL's trainer; every other one runs on the base install, without the `[trl]` extra."""
+
+
+def _imported_packages(path: Path) -> set[str]:
+    """Top-level names of every package the script imports (`import a.b`, `from a.b import c` -> `a`)."""
+    tree = ast.parse(path.read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
+    return {name.partition(".")[0] for name in names}
+
+
+@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.name not in TRL_EXAMPLES], ids=lambda p: p.name)
+def test_examples_other_than_trl_ones_do_not_import_trl(path):
+    assert "trl" not in _imported_packages(path)
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in EXAMPLES if "StatefulDataLoader(" in p.read_text()], ids=lambda p: p.name
+)
+def test_examples_with_a_stateful_loader_do_not_print_torchdata_set_vital_warning(path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    with warnings.catch_warnings(record=True) as caught:  # pytest restores the filters the example adds
+        load(path)
+        StatefulDataLoader([0, 1], batch_size=1)
+    assert not [w for w in caught if "set_vital" in str(w.message)]
 
 
 def test_docstring_files_exist():
