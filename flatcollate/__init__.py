@@ -2,33 +2,44 @@
 
 Collators flatten each mini-batch into one row with the boundaries attention kernels need, models are prepared so no
 token attends across a boundary, and the data, streaming and benchmark tools build on both.
+
+Each public name is imported from its module on first use, so `import flatcollate` (and `flatcollate --help`) does not
+load torch. Importing `flatcollate.attention`, or using a name that needs it (`prepare_model_for_flattening`),
+registers the `flatcollate` attention backend with transformers.
 """
 
-from ._conventions import IGNORE_INDEX
-from .bench import load_profile, run_throughput
-from .check import CheckReport, check_model
-from .collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening, flatten_features
-from .data import (
-    PackedDataset,
-    TokenBudgetBatchSampler,
-    build_encoder,
-    make_supervised_dataset,
-    make_supervised_dset,
-    pack_dataset,
-    pack_lengths,
-)
-from .modeling import prepare_model_for_flattening
-from .parallel import (
-    DataCollatorForSequenceParallel,
-    prepare_model_for_sequence_parallel,
-    sequence_parallel_loss,
-    split_for_sequence_parallel,
-)
-from .streaming import StreamingPacker, interleave
-from .training import normalized_loss
-from .vision import VisionDataCollatorWithFlattening, VisionLayout
+import importlib
 
 __version__ = "0.1.0"
+
+_SOURCES = {
+    "IGNORE_INDEX": "_conventions",
+    "load_profile": "bench",
+    "run_throughput": "bench",
+    "CheckReport": "check",
+    "check_model": "check",
+    "DataCollatorForCompletionOnlyLM": "collate",
+    "DataCollatorWithFlattening": "collate",
+    "flatten_features": "collate",
+    "PackedDataset": "data",
+    "TokenBudgetBatchSampler": "data",
+    "build_encoder": "data",
+    "make_supervised_dataset": "data",
+    "make_supervised_dset": "data",
+    "pack_dataset": "data",
+    "pack_lengths": "data",
+    "prepare_model_for_flattening": "modeling",
+    "DataCollatorForSequenceParallel": "parallel",
+    "prepare_model_for_sequence_parallel": "parallel",
+    "sequence_parallel_loss": "parallel",
+    "split_for_sequence_parallel": "parallel",
+    "StreamingPacker": "streaming",
+    "interleave": "streaming",
+    "normalized_loss": "training",
+    "VisionDataCollatorWithFlattening": "vision",
+    "VisionLayout": "vision",
+}
+"""Public name -> the subpackage it is re-exported from."""
 
 __all__ = [
     "IGNORE_INDEX",
@@ -58,3 +69,15 @@ __all__ = [
     "sequence_parallel_loss",
     "split_for_sequence_parallel",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
+    globals()[name] = value  # later lookups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -6,20 +6,21 @@ import importlib.util
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import AttentionInterface, AutoModelForCausalLM
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
-
-from .attention import ATTN_IMPLEMENTATION
-from .check import DEFAULT_BACKENDS, CheckReport, check_model
 from .cli import HelpFormatter, UsageError
-from .modeling.families import UNSUPPORTED_FAMILIES
-from .models import tiny_config
-from .vision.check import image_text_model_type, not_built_reason
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    from .check import CheckReport
+
+# torch, transformers and the check itself are imported inside the functions that validate and run a check, so
+# `flatcollate check --help` answers at once.
+
+DTYPES = ("bfloat16", "float16", "float32")
+"""Names of the torch dtypes a flattened run can use."""
+
+DEFAULT_BACKENDS_TEXT = "sdpa eager flatcollate"
+"""`flatcollate.check.DEFAULT_BACKENDS` as `--help` shows it (without importing the check; a test keeps them equal)."""
 
 MAX_CHECK_TOKENS = 4096
 """Largest total of `--lengths`: the eager runs build a `(T, T)` fp32 mask per layer call (64 MiB at 4096)."""
@@ -45,8 +46,9 @@ def register_cli(subparsers) -> None:
     parser.add_argument(
         "--backends",
         nargs="+",
-        default=list(DEFAULT_BACKENDS),
-        help=f"attention backends to check; '{ATTN_IMPLEMENTATION}' is what prepare_model_for_flattening selects",
+        default=None,
+        help="attention backends to check; 'flatcollate' is what prepare_model_for_flattening selects (default: "
+        f"{DEFAULT_BACKENDS_TEXT})",
     )
     parser.add_argument(
         "--lengths",
@@ -73,7 +75,7 @@ def register_cli(subparsers) -> None:
     parser.add_argument(
         "--dtype",
         default="float32",
-        choices=sorted(DTYPES),
+        choices=DTYPES,
         help="dtype of the flattened run; the reference runs in float32 on the CPU",
     )
     parser.add_argument(
@@ -85,6 +87,12 @@ def register_cli(subparsers) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    import torch
+
+    from .check import DEFAULT_BACKENDS, check_model
+    from .vision.check import image_text_model_type, not_built_reason
+
+    args.backends = args.backends or list(DEFAULT_BACKENDS)
     _validate(args)
     image_text = image_text_model_type(args.model)
     if image_text is not None:
@@ -105,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
         seed=args.seed,
         tolerance=args.tolerance,
         device=args.device,
-        dtype=DTYPES[args.dtype],
+        dtype=getattr(torch, args.dtype),
     )
     print(report.to_markdown())
     safe, line = _verdict(report, require_all=args.require_all_backends)
@@ -115,6 +123,8 @@ def _main(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> None:
     """Raise `UsageError` for option values the check cannot run with (before any model is built)."""
+    import torch
+
     lengths = " ".join(map(str, args.lengths or []))
     if args.lengths is not None and (len(args.lengths) < 2 or min(args.lengths) < 1):
         raise UsageError(
@@ -164,12 +174,18 @@ def _validate_image_text(args: argparse.Namespace, model_type: str) -> None:
 
 
 def _known_backends() -> list[str]:
+    from transformers import AttentionInterface
+
+    from .attention import ATTN_IMPLEMENTATION
+
     names = ["eager", *AttentionInterface._global_mapping, ATTN_IMPLEMENTATION]
     return list(dict.fromkeys(n for n in names if "|" not in n))  # "paged|eager" serves generation only
 
 
 def _missing_kernel(backend: str) -> str | None:
     """Why `backend` cannot run in this environment (a package it needs is not installed), or None."""
+    from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
+
     if backend == "flash_attention_2" and not is_flash_attn_2_available():
         return "flash-attn is not installed (or there is no CUDA GPU); on CUDA: pip install 'flatcollate[flash]'."
     if backend == "flash_attention_3" and not is_flash_attn_3_available():
@@ -182,7 +198,10 @@ def _missing_kernel(backend: str) -> str | None:
 
 
 def validate_model_argument(model: str) -> None:
-    """Raise `UsageError` unless `model` is a registered model_type or a folder with a config.json."""
+    """Raise `UsageError` unless `model` is a registered model_type or a folder with a config.json; an unknown name
+    gets the closest model_types (the mapping also holds a few class names, which are not suggested)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -200,7 +219,8 @@ def validate_model_argument(model: str) -> None:
         )
     if "/" in model or model.startswith((".", "~")):
         raise UsageError(f"path {model} not found; pass an existing folder with a config.json, or a model_type.")
-    close = difflib.get_close_matches(model, list(CONFIG_MAPPING), n=3)
+    model_types = [name for name in CONFIG_MAPPING if name == name.lower()]
+    close = difflib.get_close_matches(model.lower(), model_types, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise UsageError(
         f"unknown model_type {model!r}: pass a model_type registered in transformers (llama, qwen2, mistral, ...) "
@@ -210,6 +230,11 @@ def validate_model_argument(model: str) -> None:
 
 def _family_reason(model: str) -> tuple[str, str | None]:
     """The config's model_type and why it can never be exact on flattened batches (None when it may be)."""
+    from transformers import AutoModelForCausalLM
+
+    from .modeling.families import UNSUPPORTED_FAMILIES
+    from .models import tiny_config
+
     config = tiny_config(model)
     model_type = config.model_type
     if type(config) in AutoModelForCausalLM._model_mapping:
@@ -221,8 +246,10 @@ def _family_reason(model: str) -> tuple[str, str | None]:
     return model_type, f"transformers has no causal-LM class for {model_type}"
 
 
-def _verdict(report: CheckReport, *, require_all: bool) -> tuple[bool, str]:
+def _verdict(report: "CheckReport", *, require_all: bool) -> tuple[bool, str]:
     """Whether the backends that count are exact, and the one-line verdict."""
+    from .attention import ATTN_IMPLEMENTATION
+
     by_backend = {r.backend: r for r in report.results}
     selected = by_backend.get(ATTN_IMPLEMENTATION)
     counted = report.results if require_all or selected is None else [selected]
@@ -242,7 +269,7 @@ def _verdict(report: CheckReport, *, require_all: bool) -> tuple[bool, str]:
     return True, line
 
 
-def _tolerance_words(report: CheckReport) -> str:
+def _tolerance_words(report: "CheckReport") -> str:
     if len(set(report.tolerances.values())) > 1:
         return f"the {report.dtype} tolerances above"
     return f"{report.tolerance:g}"

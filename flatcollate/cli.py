@@ -1,12 +1,19 @@
 """`flatcollate` command line: one sub-command per module that registers itself in `_COMMANDS`.
 
-A user mistake (a bad option value, a missing folder, an unknown config key) ends in one line on stderr,
-`flatcollate <command>: error: ...`, and exit status 2, before any work starts; never in a traceback.
+A user mistake (a bad option value, a missing folder, an unknown config key, and argparse's own: an invalid choice,
+a missing argument) ends in one line on stderr, `flatcollate <command>: error: ...`, and exit status 2, before any
+work starts; never in a usage block or a traceback.
+
+Building the parser imports neither torch nor transformers (the command modules import them inside the functions that
+run a command), so `--help` and `--version` answer at once.
 """
 
 import argparse
 import importlib
 import sys
+from typing import NoReturn
+
+from . import __version__
 
 # Each module here exposes `register_cli(subparsers)`, which adds its sub-parser and sets `func=` on it.
 _COMMANDS: tuple[str, ...] = ("flatcollate.check_cli", "flatcollate.bench.cli")
@@ -14,6 +21,21 @@ _COMMANDS: tuple[str, ...] = ("flatcollate.check_cli", "flatcollate.bench.cli")
 
 class UsageError(ValueError):
     """A mistake in the command line, found before any work starts: printed as one line, exit status 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """An `argparse.ArgumentParser` whose errors are one line and exit status 2, without the usage block.
+
+    Sub-command parsers are built with the class of their parent (`add_subparsers` defaults `parser_class` to it), so
+    every sub-command answers the same way.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -27,14 +49,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="flatcollate",
         description="Padding-free fine-tuning tools: check a model is exact on flattened batches, benchmark it.",
         formatter_class=HelpFormatter,
     )
-    import flatcollate  # at call time: this module is imported while the package itself is still initialising
-
-    parser.add_argument("--version", action="version", version=f"flatcollate {flatcollate.__version__}")
+    parser.add_argument("--version", action="version", version=f"flatcollate {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="{check,bench}")
     for module_name in _COMMANDS:
         importlib.import_module(module_name).register_cli(subparsers)
@@ -50,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as error:
-        print(f"flatcollate {args.command}: error: {error}", file=sys.stderr)
+        print(f"flatcollate {args.command}: error: {_one_line(str(error))}", file=sys.stderr)
         return 2
 
 

@@ -1,13 +1,16 @@
 """The `flatcollate` command line: user mistakes end in one-line messages and exit 2, never in a traceback."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 import flatcollate
 from flatcollate.bench import cli as bench_cli
+from flatcollate.bench import vision_report
 from flatcollate.cli import build_parser, main
 
 
@@ -18,18 +21,31 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def _assert_usage_error(code: int, err: str, *fragments: str) -> None:
-    """Exit 2, no traceback, and one error line (argparse's own errors come after its usage lines)."""
+    """Exit 2 and exactly one line on stderr, `flatcollate[ <command>]: error: ...`: no usage block, no traceback."""
     assert code == 2, err
-    assert "Traceback" not in err
-    *usage, message = err.strip().splitlines()
-    assert " error: " in message and all(line.startswith(("usage:", " ")) for line in usage), err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("flatcollate") and ": error: " in err, err
     for fragment in fragments:
-        assert fragment in message, err
+        assert fragment in err, err
 
 
 def test_version(capsys):
     code, out, _ = _run(capsys, "--version")
     assert code == 0 and out.strip() == f"flatcollate {flatcollate.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["check", "--help"], ["bench", "--help"]])
+def test_help_and_version_do_not_import_torch_or_transformers(argv):
+    script = (
+        "import json, sys\n"
+        "from flatcollate.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print(json.dumps([code, sorted(m for m in ('torch', 'transformers') if m in sys.modules)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    code, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert code == 0 and heavy == [], done.stdout
 
 
 def test_python_dash_m_runs_the_cli():
@@ -55,6 +71,23 @@ def test_every_option_has_a_description_and_its_default_in_help(command, capsys)
             assert f"(default: {action.default})" in text, action.option_strings
 
 
+def test_defaults_resolved_at_run_time_are_shown_in_help(capsys):
+    from flatcollate.bench.config import ThroughputConfig
+    from flatcollate.bench.vision import VisionBenchConfig
+    from flatcollate.check import DEFAULT_BACKENDS
+
+    texts = {}
+    for command in ("check", "bench"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        texts[command] = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {' '.join(DEFAULT_BACKENDS)})" in texts["check"]
+    default, vision = ThroughputConfig(), VisionBenchConfig()
+    for shown in (default.model, " ".join(default.modes), default.flattened_attn, vision.max_images):
+        assert f"(default: {shown})" in texts["bench"], shown
+    assert vision.max_pixels == 28 * 28 * 1280 and "(default: Qwen2-VL's, 28*28*1280)" in texts["bench"]
+
+
 # ---- flatcollate check ----------------------------------------------------------------------------------------------
 
 
@@ -72,6 +105,15 @@ def test_check_hub_id_needs_a_local_folder(capsys):
 def test_check_unknown_model_type_suggests_a_close_one(capsys):
     code, _, err = _run(capsys, "check", "lama")
     _assert_usage_error(code, err, "'lama'", "llama")
+
+
+@pytest.mark.parametrize("model", ["notamodel", "Llama", "qwen25", "EvollaModl"])
+def test_check_suggests_model_types_only(model, capsys):
+    code, _, err = _run(capsys, "check", model)
+    _assert_usage_error(code, err, repr(model))
+    suggested = err.partition("Did you mean ")[2].rstrip("?\n").split(", ") if "Did you mean" in err else []
+    model_types = {name for name in CONFIG_MAPPING if name == name.lower()}
+    assert all(name in model_types for name in suggested), err
 
 
 def test_check_folder_without_config(capsys, tmp_path):
@@ -139,6 +181,7 @@ def no_run(monkeypatch):
         raise AssertionError("the benchmark ran despite a usage error")
 
     monkeypatch.setattr(bench_cli, "run_and_report", refuse)
+    monkeypatch.setattr(vision_report, "run_vision_bench", refuse)
 
 
 @pytest.mark.parametrize(
@@ -180,3 +223,48 @@ def test_bench_out_dir_is_checked_before_the_run(capsys, no_run, tmp_path):
     code, _, err = _run(capsys, "bench", "--out-dir", str(a_file / "sub"))
     _assert_usage_error(code, err, "--out-dir", "cannot")
     assert not (tmp_path / "out").exists()
+
+
+# ---- every mistake, one line --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        ([], ["required", "check"]),
+        (["chek"], ["invalid choice", "'chek'"]),
+        (["check"], ["required", "model"]),
+        (["check", "llama", "--dtype", "bf16"], ["--dtype", "'bf16'", "bfloat16"]),
+        (["check", "llama", "--lengths", "3", "x"], ["--lengths", "'x'"]),
+        (["check", "llama", "--seed"], ["--seed", "expected one argument"]),
+        (["check", "llama", "--tolerance", "tiny"], ["--tolerance", "'tiny'"]),
+        (["check", "llama", "--bogus"], ["unrecognized arguments: --bogus"]),
+        (["bench", "--steps", "0"], ["--steps", "'0'"]),
+        (["bench", "--batch-size", "0"], ["--batch-size", "'0'"]),
+        (["bench", "--threads", "0"], ["--threads", "'0'"]),
+        (["bench", "--modes", "padded", "flatened"], ["--modes", "'flatened'", "flattened"]),
+        (["bench", "--seed", "abc"], ["--seed", "'abc'"]),
+        (["bench", "--device", "tpu"], ["--device", "'tpu'"]),
+        (["bench", "--max-length"], ["--max-length", "expected one argument"]),
+        (["bench", "--max-images", "-1"], ["--max-images", "'-1'"]),
+        (["bench", "--bogus"], ["unrecognized arguments: --bogus"]),
+        (["bench", "--vision", "--model", "llama"], ["--model", "--vision"]),
+        (["bench", "--vision", "--model", "qwen2"], ["--model", "--vision"]),
+        (["bench", "--vision", "--attn", "auto"], ["--attn", "--vision"]),
+        (["bench", "--vision", "--modes", "padded", "flattened"], ["--modes", "--vision"]),
+        (["bench", "--vision", "--full-size"], ["--full-size", "--vision"]),
+        (["bench", "--max-images", "2"], ["--max-images", "--vision"]),
+        (["bench", "--max-pixels", "200704"], ["--max-pixels", "--vision"]),
+    ],
+)
+def test_every_mistake_is_one_line_and_exit_2(argv, fragments, capsys, no_run, tmp_path):
+    code, _, err = _run(capsys, *argv, *(["--out-dir", str(tmp_path / "out")] if argv[:1] == ["bench"] else []))
+    _assert_usage_error(code, err, *fragments)
+
+
+def test_bench_profile_that_is_a_dataset_says_what_a_profile_is(capsys, no_run, tmp_path):
+    rows = tmp_path / "train.jsonl"
+    rows.write_text('{"question": "2 + 2?", "answer": "4"}\n{"question": "3 + 3?", "answer": "6"}\n')
+    code, _, err = _run(capsys, "bench", "--profile", str(rows), "--out-dir", str(tmp_path / "out"))
+    _assert_usage_error(code, err, "--profile", "train.jsonl", "length profile", "save_to_disk")
+    assert "array" not in err and "inhomogeneous" not in err

@@ -23,6 +23,7 @@ import torch
 import transformers
 
 from .._conventions import IGNORE_INDEX
+from .config import MODES, PEER_MODE
 from .profiles import LengthProfile, padded_fill
 
 __all__ = [
@@ -38,13 +39,6 @@ __all__ = [
     "step_batches",
     "synthetic_sequences",
 ]
-
-MODES = ("padded", "padded_max", "hf_flattened", "flattened", "packed")
-"""Benchmark modes, in the order they are reported."""
-
-PEER_MODE = "hf_flattened"
-"""transformers' own padding-free path: its `DataCollatorWithFlattening` and the model's `sdpa`, no flatcollate."""
-
 
 @dataclass(frozen=True)
 class SyntheticSequences:

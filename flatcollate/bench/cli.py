@@ -16,17 +16,19 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig
-
-from ..check_cli import validate_model_argument
 from ..cli import HelpFormatter, UsageError
-from ..models import tiny_config
-from .batches import MODES
-from .profiles import available_profiles, load_profile
-from .report import summary_text, write_report
-from .throughput import ThroughputConfig, run_throughput
-from .vision_report import add_vision_arguments, run_vision_command
+
+# The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
+# check and run a command, so `flatcollate bench --help` answers at once.
+from .config import MAX_IMAGES, MODES, ThroughputConfig, available_profiles
+
+TEXT_ONLY = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
+TEXT_ONLY |= {"attn": "--attn"}
+"""Options the vision profile does not take (its model and modes are fixed); they default to None or False, so a
+given one is told apart from its default."""
+
+VISION_ONLY = {"max_images": "--max-images", "max_pixels": "--max-pixels"}
+"""Options only the vision profile takes (default None)."""
 
 
 def _positive_int(text: str) -> int:
@@ -56,7 +58,9 @@ def _bounded(kind, text: str, *, minimum: int | None, what: str):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `flatcollate bench` and `benchmarks/throughput.py`, defaults from `ThroughputConfig`."""
     default = ThroughputConfig()
-    parser.add_argument("--model", default=default.model, help="model_type or folder with a config.json")
+    parser.add_argument(
+        "--model", default=None, help=f"model_type or folder with a config.json (default: {default.model})"
+    )
     parser.add_argument(
         "--full-size", action="store_true", help="keep the config's own sizes (random weights; meant for a GPU)"
     )
@@ -89,16 +93,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes",
         nargs="+",
         choices=MODES,
-        default=list(default.modes),
+        default=None,
         metavar="MODE",
         help=f"what to measure, from {', '.join(MODES)}: padded_max pads to --max-length, hf_flattened is "
-        "transformers' own padding-free path",
+        f"transformers' own padding-free path (default: {' '.join(default.modes)})",
     )
     parser.add_argument(
         "--pack-len", type=_positive_int, default=None, help="tokens per pack (default: about a batch's tokens)"
     )
     parser.add_argument(
-        "--attn", default=default.flattened_attn, help="attention of the flattened modes (auto: flatcollate backend)"
+        "--attn",
+        default=None,
+        help=f"attention of the flattened modes (auto: flatcollate backend) (default: {default.flattened_attn})",
     )
     parser.add_argument("--lr", type=_positive_float, default=default.lr, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=default.seed, help="seed of lengths, token ids and weights")
@@ -111,6 +117,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch CPU threads (default: 1 on a CPU, where more threads on a shared machine distort timings)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options only the vision profile takes."""
+    parser.add_argument(
+        "--vision",
+        action="store_true",
+        help="image-text profile: a small Qwen2.5-VL-shaped model, padded vs flattened, 0-N images per example "
+        "sized by Qwen2-VL's dynamic resolution (--profile gives the text lengths; --set sizes the language model)",
+    )
+    parser.add_argument(
+        "--max-images",
+        type=_non_negative_int,
+        default=None,
+        help=f"--vision: images per example, 0-N (default: {MAX_IMAGES})",
+    )
+    parser.add_argument(
+        "--max-pixels",
+        type=_non_negative_int,
+        default=None,
+        help="--vision: the image processor's max_pixels (default: Qwen2-VL's, 28*28*1280)",
+    )
 
 
 def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputConfig:
@@ -126,7 +154,7 @@ def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputCon
         except json.JSONDecodeError:
             overrides[key] = value
     values = {
-        "model": args.model,
+        "model": args.model or default.model,
         "tiny": not args.full_size,
         "model_overrides": overrides,
         "profile": profile,
@@ -135,9 +163,9 @@ def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputCon
         "steps": args.steps,
         "warmup_steps": args.warmup_steps,
         "repeats": args.repeats,
-        "modes": tuple(args.modes),
+        "modes": tuple(args.modes or default.modes),
         "pack_len": args.pack_len,
-        "flattened_attn": args.attn,
+        "flattened_attn": args.attn or default.flattened_attn,
         "lr": args.lr,
         "seed": args.seed,
         "device": args.device,
@@ -150,6 +178,9 @@ def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputCon
 
 def run_and_report(config: ThroughputConfig, out_dir: str, *, progress: bool) -> dict:
     """Run one benchmark, print its summary and write the report files."""
+    from .report import summary_text, write_report
+    from .throughput import run_throughput
+
     result = run_throughput(config, progress=progress)
     print(summary_text(result))
     for path in write_report(result, out_dir):
@@ -161,14 +192,12 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
     """Raise `UsageError` for what would fail or mislead later: an unknown model or profile, a `--set` key
     (`set_keys`) the config does not have or a size that is not a positive integer, CUDA that is not there, an
     output folder that cannot be written. Runs before any training."""
+    import torch
+
+    from ..check_cli import validate_model_argument
+
     validate_model_argument(config.model)
-    try:
-        load_profile(config.profile)
-    except (ValueError, OSError) as error:
-        raise UsageError(
-            f"--profile {config.profile}: {str(error).splitlines()[0]} (named profiles: "
-            f"{', '.join(available_profiles())})"
-        ) from None
+    check_profile(config.profile)
     _check_overrides(config, set_keys)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(
@@ -179,8 +208,22 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
         check_writable(Path(out_dir))
 
 
+def check_profile(profile: str) -> None:
+    """Raise `UsageError` unless `profile` loads as a length profile (the message says what one is)."""
+    from .profiles import load_profile
+
+    try:
+        load_profile(profile)
+    except (ValueError, OSError) as error:
+        raise UsageError(f"--profile {profile}: {str(error).splitlines()[0]}") from None
+
+
 def _check_overrides(config: ThroughputConfig, keys: set[str]) -> None:
     """Every override names an attribute of the model's config; sizes that are positive integers stay so."""
+    from transformers import AutoConfig
+
+    from ..models import tiny_config
+
     base = (
         AutoConfig.from_pretrained(config.model) if Path(config.model).is_dir() else AutoConfig.for_model(config.model)
     )
@@ -213,12 +256,28 @@ def check_writable(out_dir: Path) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    _refuse_options_of_the_other_profile(args)
     if args.vision:
+        from .vision_report import run_vision_command
+
         return run_vision_command(args)
     config = config_from_args(args, profile=args.profile)
     validate(config, args.out_dir, set_keys={item.partition("=")[0] for item in args.overrides})
     run_and_report(config, args.out_dir, progress=not args.no_progress)
     return 0
+
+
+def _refuse_options_of_the_other_profile(args: argparse.Namespace) -> None:
+    """Raise `UsageError` for a text-only option given with `--vision`, or a vision-only one without it."""
+    refused = TEXT_ONLY if args.vision else VISION_ONLY
+    given = [option for name, option in refused.items() if getattr(args, name) not in (None, False)]
+    if given and args.vision:
+        raise UsageError(
+            f"{given[0]} does not apply to --vision (its model is qwen2_5_vl, its modes padded and flattened); "
+            "leave it out, or size the language model with --set."
+        )
+    if given:
+        raise UsageError(f"{given[0]} applies to the image-text profile only: add --vision, or leave it out.")
 
 
 def register_cli(subparsers) -> None:

@@ -26,9 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._conventions import IGNORE_INDEX
-
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-"""Folder of the named profiles shipped with the package."""
+from .config import PROFILES_DIR, available_profiles
 
 GROWTH = 1.15
 """Ratio between consecutive bin edges above the exact one-token bins."""
@@ -166,15 +164,6 @@ def padded_fill(lengths, *, batch_size: int) -> float:
     return float(lengths.sum() / (batch_max * batch_rows).sum())
 
 
-def available_profiles() -> list[str]:
-    """Names of the profiles shipped with the package.
-
-    >>> available_profiles()
-    ['code_alpaca', 'flan', 'gsm8k', 'hh_rlhf']
-    """
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
-
-
 def load_profile(name_or_path: str | os.PathLike | LengthProfile) -> LengthProfile:
     """A named profile, or one built from your own data.
 
@@ -206,11 +195,31 @@ def load_profile(name_or_path: str | os.PathLike | LengthProfile) -> LengthProfi
     )
 
 
+WHAT_A_PROFILE_IS = (
+    "A length profile is a named one ({names}); a folder of a tokenized dataset saved with `save_to_disk` (columns "
+    "input_ids and labels, prompt labels -100); or a file of token lengths: text with one `total` or "
+    '`prompt completion` per line, or JSON {{"rows": [[prompt, completion], ...]}}. To profile your own raw data, '
+    "tokenize it with `flatcollate.make_supervised_dataset(tokenizer, path)`, `.save_to_disk(folder)` the result "
+    "and pass the folder."
+)
+"""Appended to the errors of files that are not lengths (a raw dataset, say): what to pass instead."""
+
+
+def _not_a_profile(path: Path, why: str) -> ValueError:
+    return ValueError(
+        f"{path} is not a length profile: {why}. " + WHAT_A_PROFILE_IS.format(names=", ".join(available_profiles()))
+    )
+
+
 def _profile_from_file(path: Path) -> LengthProfile:
     """Profile from a saved profile JSON, a JSON of rows or lengths, or a text file of lengths."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise _not_a_profile(path, "it is not a text file (compressed or binary)") from None
     if path.suffix == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(
                 f"{path} is not valid JSON ({err}); pass a JSON file of lengths or a saved profile."
@@ -220,19 +229,34 @@ def _profile_from_file(path: Path) -> LengthProfile:
         rows = data.get("rows") if isinstance(data, dict) else data
         if rows is None:
             raise ValueError(f"{path} holds a JSON object without `rows` or `cells`; expected lengths or a profile.")
+        if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+            raise _not_a_profile(path, f"its rows are records with fields {sorted(rows[0])[:4]}, not token lengths")
         return _profile_from_rows(rows, name=path.stem, origin=str(path))
-    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
-    return _profile_from_rows(rows, name=path.stem, origin=str(path))
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    for number, line in lines:
+        words = line.split()
+        if len(words) > 2 or not all(_is_number(word) for word in words):
+            shown = line if len(line) <= 40 else line[:40] + "..."
+            raise _not_a_profile(path, f"line {number} reads {shown!r}, not one or two token counts")
+    return _profile_from_rows([line.split() for _, line in lines], name=path.stem, origin=str(path))
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def _profile_from_rows(rows, *, name: str, origin: str) -> LengthProfile:
     """Rows are `total` or `[prompt, completion]`; a lone total counts as all completion (every token trained)."""
     try:
         table = np.asarray(rows, dtype=np.float64)
-    except ValueError as err:
+    except (ValueError, TypeError):
         raise ValueError(
-            f"{origin}: rows of lengths must all be a number or all a pair [prompt, completion] ({err})."
-        ) from err
+            f"{origin}: rows of lengths must all be a number or all a pair [prompt, completion] of token counts."
+        ) from None
     if table.ndim == 2 and table.shape[1] == 1:
         table = table[:, 0]
     if table.ndim == 1:

@@ -24,6 +24,7 @@ from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrain
 from ..modeling.prepare import prepare_model_for_flattening
 from ..vision import VisionDataCollatorWithFlattening
 from ..vision.tiny import tiny_vision_config
+from .config import MAX_IMAGES
 from .memory import PeakMemory
 from .profiles import load_profile, padded_fill
 from .summary import summarize
@@ -77,7 +78,7 @@ class VisionBenchConfig:
     profile: str = "flan"
     batch_size: int = 8
     max_length: int = 1024
-    max_images: int = 3
+    max_images: int = MAX_IMAGES
     min_pixels: int = MIN_PIXELS
     max_pixels: int = MAX_PIXELS
     steps: int = 8

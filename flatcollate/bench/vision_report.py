@@ -8,9 +8,7 @@ from pathlib import Path
 import torch
 
 from ..cli import UsageError
-from .profiles import available_profiles, load_profile
 from .report import _mib, _params, headline_lines, markdown_table, plot_losses, plot_throughput
-from .throughput import ThroughputConfig
 from .vision import VISION_TEXT_MODEL, VisionBenchConfig, check_vision_config, run_vision_bench, vision_model_config
 
 VISION_REPORT_FILES = ("vision.json", "vision.md", "vision.png", "vision_loss_curves.png")
@@ -86,49 +84,11 @@ def write_vision_report(result: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options only the vision profile takes."""
-    default = VisionBenchConfig()
-    parser.add_argument(
-        "--vision",
-        action="store_true",
-        help="image-text profile: a small Qwen2.5-VL-shaped model, padded vs flattened, 0-N images per example "
-        "sized by Qwen2-VL's dynamic resolution (--profile gives the text lengths; --set sizes the language model)",
-    )
-    parser.add_argument(
-        "--max-images", type=_non_negative_int, default=default.max_images, help="--vision: images per example, 0-N"
-    )
-    parser.add_argument(
-        "--max-pixels",
-        type=_non_negative_int,
-        default=default.max_pixels,
-        help="--vision: the image processor's max_pixels (Qwen2-VL's default; 28*28*1280)",
-    )
-
-
-def _non_negative_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
-
-
-NOT_FOR_VISION = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
-NOT_FOR_VISION |= {"attn": "--attn"}
-"""Text-bench options the vision profile does not take (its model and modes are fixed)."""
-
-
 def vision_config_from_args(args: argparse.Namespace) -> VisionBenchConfig:
-    """`VisionBenchConfig` from parsed options; `UsageError` for a text-only option, an unknown `--set` key or
-    a value the config refuses."""
-    text_default = ThroughputConfig()
-    defaults = {"model": text_default.model, "full_size": False, "modes": list(text_default.modes), "pack_len": None}
-    defaults["attn"] = text_default.flattened_attn
-    for name, option in NOT_FOR_VISION.items():
-        if getattr(args, name) != defaults[name]:
-            raise UsageError(
-                f"{option} does not apply to --vision (its model is qwen2_5_vl, its modes padded and "
-                "flattened); leave it out, or size the language model with --set."
-            )
+    """`VisionBenchConfig` from parsed options; `UsageError` for an unknown `--set` key, a profile that does not load
+    or a value the config refuses (`flatcollate.bench.cli` refuses the text-only options before)."""
+    from .cli import check_profile
+
     text_model = dict(VISION_TEXT_MODEL)
     for item in args.overrides:
         key, sep, value = item.partition("=")
@@ -138,19 +98,14 @@ def vision_config_from_args(args: argparse.Namespace) -> VisionBenchConfig:
             text_model[key] = json.loads(value)
         except json.JSONDecodeError:
             text_model[key] = value
-    try:
-        load_profile(args.profile)
-    except (ValueError, OSError) as error:
-        raise UsageError(
-            f"--profile {args.profile}: {str(error).splitlines()[0]} (named profiles: "
-            f"{', '.join(available_profiles())})"
-        ) from None
+    check_profile(args.profile)
+    default = VisionBenchConfig()
     config = VisionBenchConfig(
         profile=args.profile,
         batch_size=args.batch_size,
         max_length=args.max_length,
-        max_images=args.max_images,
-        max_pixels=args.max_pixels,
+        max_images=default.max_images if args.max_images is None else args.max_images,
+        max_pixels=default.max_pixels if args.max_pixels is None else args.max_pixels,
         steps=args.steps,
         warmup_steps=args.warmup_steps,
         repeats=args.repeats,

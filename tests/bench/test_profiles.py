@@ -106,6 +106,27 @@ def test_bad_length_files(tmp_path, content, match):
         load_profile(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("train.jsonl", b'{"question": "2 + 2?", "answer": "4"}\n{"question": "3 + 3?", "answer": "6"}\n'),
+        ("alpaca.json", b'[{"instruction": "Add.", "input": "2 2", "output": "4"}]'),
+        ("words.txt", b"two words\nand three words\n"),
+        ("rows.jsonl.gz", b"\x1f\x8b\x08\x00\xff\xfe binary"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_dataset_file_is_refused_saying_what_a_profile_is_and_how_to_make_one(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as error:
+        load_profile(path)
+    message = str(error.value)
+    assert "\n" not in message and name in message and "is not a length profile" in message
+    assert "save_to_disk" in message and "prompt completion" in message and "make_supervised_dataset" in message
+    assert "array" not in message and "codec" not in message
+
+
 def test_bad_names_and_datasets(tmp_path):
     with pytest.raises(ValueError, match=r"Unknown length profile 'flan2'.*flan, gsm8k"):
         load_profile("flan2")
