@@ -89,6 +89,7 @@ def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> d
     memory = PeakMemory(device)
     runs = {mode: [] for mode in modes}
     total = config.repeats * sum(len(batches[m]) + len(warm_batches[m]) for m in modes)
+    total += sum(settle_budget(batches[m][:SETTLE_STEPS]) for m in modes)
     bar = tqdm(total=total, desc="training steps", unit="step", disable=not progress)
     settle_passes = {}
     for mode in modes:
@@ -158,18 +159,24 @@ def _model_for(mode: str, model, peer, flat_attn: str):
     return model
 
 
+def settle_budget(batches: list) -> int:
+    """Steps `settle` counts on the progress bar for `batches`: the most it can train, so the total is known upfront."""
+    return MAX_SETTLE_PASSES * len(batches)
+
+
 def settle(model, batches, initial, *, lr: float, device: torch.device, bar) -> int:
     """Untimed passes over `batches` until two consecutive passes take within `SETTLE_TOLERANCE` of each other (at
-    most `MAX_SETTLE_PASSES`): the first passes of a mode pay for allocation and kernel selection.
+    most `MAX_SETTLE_PASSES`): the first passes of a mode pay for allocation and kernel selection. The bar advances
+    by `settle_budget(batches)` whatever the passes it took: the passes not needed are counted as skipped.
 
     Returns:
         `int`, the passes it took.
     """
     previous = None
     for passes in range(1, MAX_SETTLE_PASSES + 1):
-        bar.total += len(batches)  # warm-up length is not known in advance
         seconds = sum(run_pass(model, batches, initial, lr=lr, device=device, bar=bar)["step_s"])
         if previous is not None and abs(seconds - previous) <= SETTLE_TOLERANCE * previous:
+            bar.update(settle_budget(batches) - passes * len(batches))
             return passes
         previous = seconds
     return MAX_SETTLE_PASSES

@@ -28,7 +28,15 @@ from .config import MAX_IMAGES
 from .memory import PeakMemory
 from .profiles import load_profile, padded_fill
 from .summary import summarize
-from .throughput import PROFILE_FILL_SAMPLE, SETTLE_STEPS, bench_threads, resolve_device, run_pass, settle
+from .throughput import (
+    PROFILE_FILL_SAMPLE,
+    SETTLE_STEPS,
+    bench_threads,
+    resolve_device,
+    run_pass,
+    settle,
+    settle_budget,
+)
 from .vision_inputs import (
     MAX_PIXELS,
     MIN_PIXELS,
@@ -179,6 +187,7 @@ def _run(config: VisionBenchConfig, *, device: torch.device, progress: bool) -> 
     memory = PeakMemory(device)
     runs = {mode: [] for mode in VISION_MODES}
     total = config.repeats * sum(len(batches[m]) + len(warm_batches[m]) for m in VISION_MODES)
+    total += sum(settle_budget(batches[m][:SETTLE_STEPS]) for m in VISION_MODES)
     bar = tqdm(total=total, desc="training steps", unit="step", disable=not progress)
     kwargs = {"lr": config.lr, "device": device, "bar": bar}
     settle_passes = {

@@ -258,6 +258,57 @@ def test_packed_mode_is_skipped_without_packing(monkeypatch):
     assert "packed" not in result["modes"] and "packed" in result["skipped"]
 
 
+class RecordingBar:
+    """A tqdm stand-in that records every total it is given and the steps it advances."""
+
+    def __init__(self, *, total, **kwargs):
+        self.totals, self.n = [total], 0
+
+    @property
+    def total(self):
+        return self.totals[-1]
+
+    @total.setter
+    def total(self, value):
+        self.totals.append(value)
+
+    def update(self, n=1):
+        self.n += n
+
+    def set_postfix(self, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("pass_seconds", [[1.0, 1.05], [1.0, 2.0, 4.0, 8.0]], ids=["settles", "never-settles"])
+def test_settle_advances_the_bar_by_its_whole_budget_and_keeps_the_total(monkeypatch, pass_seconds):
+    seconds = iter(pass_seconds)
+
+    def timed_pass(model, batches, initial, *, lr, device, bar):
+        bar.update(len(batches))
+        return {"step_s": [next(seconds) / len(batches)] * len(batches)}
+
+    monkeypatch.setattr(throughput_module, "run_pass", timed_pass)
+    batches = ["batch"] * 3
+    budget = MAX_SETTLE_PASSES * len(batches)
+    bar = RecordingBar(total=budget)
+    passes = throughput_module.settle(None, batches, {}, lr=1e-3, device=torch.device("cpu"), bar=bar)
+    assert passes == len(pass_seconds)
+    assert bar.totals == [budget] and bar.n == budget
+
+
+def test_progress_bar_total_is_right_from_the_start(monkeypatch):
+    bars = []
+    monkeypatch.setattr(throughput_module, "tqdm", lambda **kwargs: bars.append(RecordingBar(**kwargs)) or bars[-1])
+    sizes = {"profile": "gsm8k", "batch_size": 2, "max_length": 32, "steps": 2, "repeats": 1}
+    config = ThroughputConfig(model_overrides=TINY, modes=("padded", "flattened"), **sizes)
+    run_throughput(config, progress=True)
+    [bar] = bars
+    assert len(bar.totals) == 1 and bar.n == bar.total
+
+
 def test_has_packing_detects_the_module():
     assert batches_module.has_packing() is True
 
