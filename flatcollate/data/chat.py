@@ -18,12 +18,20 @@ from collections.abc import Sequence
 import jinja2
 import numpy as np
 
+# What apply_chat_template does before rendering (compile, plain data, reasoning aliases), done once per row here.
+from transformers.utils.chat_template_utils import (
+    _alias_reasoning_fields,
+    _compile_jinja_template,
+    _plain_template_data,
+)
+
+from .messages import check_messages  # noqa: F401 - re-exported, its home before flatcollate.data.messages
 from .row_errors import RowError
-from .spans import reply_spans, tokens_in_spans
+from .spans import tokens_in_spans
+from .turns import generated_spans
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
@@ -35,36 +43,6 @@ SHAREGPT_ROLES = {
     "tool": "tool",
 }
 _PROBE_USER, _PROBE_REPLY = "flatcollate probe question", "flatcollate probe reply"
-
-
-def check_messages(messages, *, where: str) -> list[dict]:
-    """Validate a conversation: `{"role", "content": str}` dicts with known roles, at least one assistant message,
-    ending on one. Empty contents are allowed: the template renders them like any other text.
-
-    Raises:
-        `RowError` with reason `bad_message`, `unknown_role`, `no_assistant` or `ends_without_reply`.
-    """
-    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
-        raise RowError(f"{where} must be a non-empty list of messages, got {messages!r:.80}.", reason="bad_message")
-    for turn, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str) or "role" not in message:
-            raise RowError(
-                f"{where}, message {turn}: expected a dict with 'role' and a string 'content', got {message!r:.80}.",
-                reason="bad_message",
-            )
-        if message["role"] not in ROLES:
-            raise RowError(
-                f"{where}, message {turn}: role {message['role']!r} is not one of {ROLES}.", reason="unknown_role"
-            )
-    if not any(m["role"] == "assistant" for m in messages):
-        raise RowError(f"{where}: no assistant message, so there is nothing to train on.", reason="no_assistant")
-    if messages[-1]["role"] != "assistant":
-        raise RowError(
-            f"{where}: the last message ({len(messages) - 1}, {messages[-1]['role']}) is not an assistant reply; "
-            "drop the turns after the last reply or pass on_error='skip'.",
-            reason="ends_without_reply",
-        )
-    return list(messages)
 
 
 def sharegpt_to_messages(conversations, *, where: str) -> list[dict]:
@@ -130,6 +108,25 @@ class ChatRenderer:
             **self.template_kwargs,
         )
 
+    def prefix_renderer(self, messages: list[dict], *, tools=None):
+        """`render(messages[:k], add_generation_prompt=...)` as a string, for the prefixes that place the labels.
+
+        The template is compiled once and the conversation made template data once (as `apply_chat_template` does
+        on every call), so each prefix costs only its own rendering.
+        """
+        compiled = _compile_jinja_template(self.chat_template)
+        chat = _alias_reasoning_fields(_plain_template_data(list(messages)))
+        context = _plain_template_data({**self.tokenizer.special_tokens_map, **self.template_kwargs})
+        tool_schemas = _plain_template_data(tools)
+
+        def render(head: list[dict], add_generation_prompt: bool) -> str:
+            return compiled.render(
+                messages=chat[: len(head)], tools=tool_schemas, documents=None,
+                add_generation_prompt=add_generation_prompt, **context,
+            )
+
+        return render
+
     def _probe_content(self, text: str):
         """A probe message's content: plain text here; a processor's renderer gives a list of text parts."""
         return text
@@ -174,7 +171,14 @@ class ChatRenderer:
         except jinja2.TemplateError as err:
             message = f"{where}: the chat template rejected the conversation: {err}"
             raise RowError(message, reason="template_error") from err
-        spans = reply_spans(text, messages, reply_prefix=self.reply_prefix, reply_suffix=self.reply_suffix, where=where)
+        spans = generated_spans(
+            text,
+            messages,
+            render=self.prefix_renderer(messages, tools=tools),
+            generation_prompt=self.reply_prefix,
+            end_of_turn=self.reply_suffix,
+            where=where,
+        )
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         mask = tokens_in_spans(offsets, spans)

@@ -4,16 +4,17 @@ Formats (`format=`):
 
 - `"instruction"`: `query_field` (+ optional `input_field`) through a prompt template, `resp_field` as the answer;
 - `"prompt_completion"`: `prompt_field` and `completion_field` as plain text;
-- `"messages"`: `messages_field` holds `[{"role", "content"}]`, rendered with the chat template;
+- `"messages"`: `messages_field` holds `[{"role", "content"}]` (with `tool_calls`, `reasoning_content`, content
+  parts: `flatcollate.data.messages`) and `tools_field` an optional tool list, rendered with the chat template;
 - `"sharegpt"`: `conversations_field` holds `[{"from", "value"}]` (and `tools_field` an optional JSON tool list);
 - `"auto"`: picked per example from the fields present, in the order messages, sharegpt, prompt_completion,
   instruction.
 
 Each example is rendered to one text and tokenized once with character offsets; the tokens overlapping the answer
-(the completion, or each assistant reply with the end-of-turn text after it) are trained, the others get label -100
-(rule and picture in `flatcollate.data.spans`). Text formats end the answer with the EOS token so the model learns to
-stop. A row that cannot be encoded raises `RowError` naming the row, the field and the fix, or, with
-`on_error="skip"`, comes back as a `SkippedRow` carrying the reason.
+(the completion, or what the model generates for each assistant message: `flatcollate.data.turns`) are trained, the
+others get label -100 (rule and picture in `flatcollate.data.spans`). Text formats end the answer with the EOS token
+so the model learns to stop. A row that cannot be encoded raises `RowError` naming the row, the field and the fix,
+or, with `on_error="skip"`, comes back as a `SkippedRow` carrying the reason.
 """
 
 import json
@@ -132,9 +133,13 @@ class Encoder:
             return self._text_pair(prompt, self._text(example, self.completion_field, where))
         if fmt == "messages":
             key = self.messages_field
-            return self._chat(self._field(example, key, where), None, f"{where}: field {key!r}")
+            return self._chat(self._field(example, key, where), self._tools(example, where), f"{where}: field {key!r}")
         key = self.conversations_field
         messages = sharegpt_to_messages(self._field(example, key, where), where=f"{where}: field {key!r}")
+        return self._chat(messages, self._tools(example, where), f"{where}: field {key!r}")
+
+    def _tools(self, example: dict, where: str) -> list | None:
+        """The row's tool definitions (`tools_field`, a list or its JSON text), passed to the template."""
         tools = example.get(self.tools_field) or None
         if isinstance(tools, str):
             try:
@@ -143,7 +148,13 @@ class Encoder:
                 raise RowError(
                     f"{where}: field {self.tools_field!r} is not valid JSON ({err}).", reason="wrong_type"
                 ) from err
-        return self._chat(messages, tools, f"{where}: field {key!r}")
+        if tools is not None and not isinstance(tools, list):
+            raise RowError(
+                f"{where}: field {self.tools_field!r} must be a list of tool definitions (or its JSON text), got "
+                f"{type(tools).__name__}.",
+                reason="wrong_type",
+            )
+        return tools
 
     def __call__(self, example: dict, index: int | None = None) -> dict | SkippedRow:
         try:

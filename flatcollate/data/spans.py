@@ -49,7 +49,7 @@ def _variant_groups(content: str):
     yield (json.dumps(content, ensure_ascii=False),)  # lazily: only reached when the text is not there as given
 
 
-def _find(text: str, content: str, pos: int, before: str, after: str) -> tuple[int, int] | None:
+def find_content(text: str, content: str, pos: int, before: str, after: str) -> tuple[int, int] | None:
     """Earliest `[start, end)` of `content` at or after `pos`, preferring a match framed by `before` and `after`.
 
     Content is looked for as given or trimmed (Llama-3's `| trim`), then as JSON (`| tojson`, Llama-3.2 tool results).
@@ -96,9 +96,10 @@ def reply_spans(text: str, messages: list[dict], *, reply_prefix: str, reply_suf
     for k, message in enumerate(messages):
         content = message["content"]
         is_reply = message["role"] == "assistant"
-        found = _find(text, content, pos, reply_prefix, reply_suffix) if is_reply else _find(text, content, pos, "", "")
+        before, after = (reply_prefix, reply_suffix) if is_reply else ("", "")
+        found = find_content(text, content, pos, before, after)
         if found is None:
-            earlier = _find(text, content, 0, "", "")
+            earlier = find_content(text, content, 0, "", "")
             problem = (
                 f"is rendered before message {k - 1}" if earlier is not None else "is not in the rendered text"
             )
@@ -110,11 +111,16 @@ def reply_spans(text: str, messages: list[dict], *, reply_prefix: str, reply_suf
             )
         start, end = found
         if is_reply:
-            follows = text[end : end + len(reply_suffix)]
-            end += len(follows) if follows == reply_suffix else len(_common_prefix(follows, reply_suffix))
+            end = through_suffix(text, end, reply_suffix)
             spans.append((start, end))
         pos = end
     return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+
+
+def through_suffix(text: str, end: int, reply_suffix: str) -> int:
+    """`end` moved over the end-of-turn text (or the part of it) that follows a reply's content in `text`."""
+    follows = text[end : end + len(reply_suffix)]
+    return end + (len(follows) if follows == reply_suffix else len(_common_prefix(follows, reply_suffix)))
 
 
 def _common_prefix(a: str, b: str) -> str:

@@ -178,7 +178,7 @@ def test_a_header_that_depends_on_the_whole_conversation(tokenizers):
         ({"messages": [{"role": "bot", "content": "u"}]}, r"row 5: field 'messages', message 0: role 'bot'"),
         (
             {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "a"}]},
-            r"message 0: expected a dict with 'role' and a string 'content'",
+            r"message 0: 'content' is missing",
         ),
         ({"messages": []}, r"row 5: field 'messages' must be a non-empty list"),
     ],

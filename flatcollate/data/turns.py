@@ -1,0 +1,201 @@
+"""Character spans of what the model generates in a rendered conversation, derived from the chat template itself.
+
+The label rule for conversations: a token is trained iff the model generates it at inference. For assistant message
+`i` that is everything the template renders for it after the generation prompt, through its end of turn: reasoning
+(`<think>...</think>` from `reasoning_content`), content, tool calls, channel and recipient headers. It is read off
+the template, never searched for::
+
+    P_i  = render(messages[:i], add_generation_prompt=True)     the prompt the model sees at inference
+    R_i  = render(messages[:i + 1])                              the same conversation with reply i written
+    F    = render(messages)                                      the row, rendered and tokenized once
+    span = [len(P_i), len(R_i))   when P_i and R_i are both prefixes of F
+
+    F    <|im_start|>user\\nq<|im_end|>\\n<|im_start|>assistant\\n<tool_call>{...}</tool_call><|im_end|>\\n...
+    P_1  |--------------------------------------------------|
+    R_1  |------------------------------------------------------------------------------------|
+    span                                                    |-----------------------------------|
+
+`P_i` and `R_i` are strings only (rendered with the compiled template, not tokenized). Templates that render a turn
+differently once the conversation goes on are handled as they render `F`:
+
+- the generation prompt is not a prefix of `F` (DeepSeek-R1 prompts `<｜Assistant｜><think>\\n` but renders earlier
+  turns without `<think>`): the span starts where `P_i` and `F` part, provided that is inside the generation prompt;
+- `R_i` is not a prefix of `F` (Qwen3 drops the reasoning of turns before the last user message; gpt-oss ends a final
+  turn with `<|return|>`, an earlier one with `<|end|>`): the span ends where `render(messages[:i + 1],
+  add_generation_prompt=True)` stops before the next generation prompt if that is a prefix of `F`, else at the end
+  of the longest tail of `R_i` that `F` has right where the two part (`content<|im_end|>\\n` after dropped reasoning).
+
+Where not even `render([])` is a prefix of `F` (a template that writes the message count first), replies of plain
+text are found by their content between the generation prompt and the end of turn, as before; others raise.
+A system, user or tool message whose text is not in `F` after the previous message raises `RowError`
+(`template_drops_content`). Anything else (an earlier turn rendered differently in `P_i` than in `F`, a turn of
+which `F` keeps nothing) raises `RowError` naming the message: labels are never guessed.
+"""
+
+from collections.abc import Callable
+
+import jinja2
+import numpy as np
+
+from .messages import REASONING_FIELDS
+from .row_errors import RowError
+from .spans import find_content, through_suffix
+
+Render = Callable[[list[dict], bool], str]  # (messages, add_generation_prompt) -> text
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """Length of the longest common prefix of `a` and `b` (binary search on slices: C speed, no loop over chars).
+
+    >>> common_prefix_length("abcx", "abcy")
+    3
+    """
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _try(render: Render, head: list[dict], add_generation_prompt: bool) -> str | None:
+    """A prefix the template refuses (an empty conversation, one ending on a tool call) has no span to give."""
+    try:
+        return render(head, add_generation_prompt)
+    except jinja2.TemplateError:
+        return None
+
+
+def _start(text: str, prompt: str | None, generation_prompt: str, floor: int) -> int | None:
+    if prompt is None:
+        return None
+    if text.startswith(prompt):
+        start = len(prompt)
+    else:
+        start = common_prefix_length(prompt, text)
+        if start < len(prompt) - len(generation_prompt):
+            return None  # the conversation before the reply renders differently, not just the generation prompt
+    return start if start >= floor else None
+
+
+def _end(
+    text: str, reply: str | None, start: int, render: Render, head: list[dict], generation_prompt: str
+) -> int | None:
+    if reply is None:
+        return None
+    if len(reply) >= start and text.startswith(reply):
+        return len(reply)
+    if generation_prompt:
+        continued = _try(render, head, True)  # the reply as a turn the conversation goes on from
+        if continued is not None and continued.endswith(generation_prompt):
+            continued = continued[: len(continued) - len(generation_prompt)]
+            if len(continued) > start and text.startswith(continued):
+                return len(continued)
+    part = common_prefix_length(reply, text)
+    if part < start:
+        return None
+    tail = reply[part:]
+    # Loop over the tail's characters (one turn, not the row): the longest tail of the reply `text` has at `part`.
+    for k in range(len(tail)):
+        if text.startswith(tail[k:], part):
+            return part + len(tail) - k
+    return part if part > start else None
+
+
+def _rendered_after(text: str, messages: list[dict], i: int, pos: int, where: str) -> int:
+    """Where prompt message `i` ends in `text`, searched from `pos`: a template that drops or reorders a message the
+    model reads (Mistral-Nemo writes the system message into the last user turn only) is caught."""
+    content = messages[i].get("content")
+    if not isinstance(content, str):
+        return pos  # content parts: the template decides how they read
+    found = find_content(text, content, pos, "", "")
+    if found is None:
+        problem = "is rendered before message " + str(i - 1) if find_content(text, content, 0, "", "") else "is not in"
+        problem = problem if problem != "is not in" else "is not in the rendered text"
+        raise RowError(
+            f"{where}, {_describe(i, messages[i])} {problem}: the chat template drops or reorders content, so the "
+            "rendered conversation is not the data. Use a chat_template that renders every message in order, "
+            "merge the message into one the template keeps, or pass on_error='skip'.",
+            reason="template_drops_content",
+        )
+    return found[1]
+
+
+def _describe(i: int, message: dict) -> str:
+    content = message.get("content")
+    shown = content[:20] if isinstance(content, str) else type(content).__name__
+    return f"message {i} ({message['role']}, {shown!r})"
+
+
+def _searched(text: str, message: dict, floor: int, generation_prompt: str, end_of_turn: str) -> tuple[int, int] | None:
+    """The fallback for a template whose prefixes are not prefixes of the row: a reply of plain text only is found by
+    its content, framed by the generation prompt and end of turn, as `flatcollate.data.spans.reply_spans` does."""
+    content = message.get("content")
+    if not isinstance(content, str) or message.get("tool_calls") or any(message.get(f) for f in REASONING_FIELDS):
+        return None  # reasoning, tool calls or parts: the content alone is not what the model generates
+    found = find_content(text, content, floor, generation_prompt, end_of_turn)
+    return None if found is None else (found[0], through_suffix(text, found[1], end_of_turn))
+
+
+def generated_spans(
+    text: str,
+    messages: list[dict],
+    *,
+    render: Render,
+    generation_prompt: str,
+    end_of_turn: str = "",
+    where: str,
+) -> np.ndarray:
+    """Character spans of the text the model generates for each assistant message of a rendered conversation.
+
+    Args:
+        text (`str`): `render(messages, False)`, the whole row.
+        messages (`list[dict]`): the conversation.
+        render (`Callable[[list[dict], bool], str]`): renders a conversation (prefix) with or without the generation
+            prompt, as `text` was rendered (same template, tools and variables).
+        generation_prompt (`str`): what the template appends for `add_generation_prompt=True` after a user turn.
+        end_of_turn (`str`, *optional*): what it writes after a final reply, for the search fallback.
+        where (`str`): row and field, for error messages.
+
+    Returns:
+        `np.ndarray` of shape `(number of assistant messages, 2)`, int64: sorted, disjoint `[start, end)` spans.
+
+    Raises:
+        `RowError` (reason `template_rewrites_history`): a reply's span cannot be read off the template.
+
+    >>> def render(messages, add_generation_prompt):
+    ...     text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+    ...     return text + ("<assistant>" if add_generation_prompt else "")
+    >>> messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    >>> generated_spans(render(messages, False), messages, render=render, generation_prompt="<assistant>",
+    ...                 where="row 0").tolist()
+    [[26, 40]]
+    """
+    spans, floor = [], 0
+    # One pair of string renders per assistant message: the template, not a search, says where each reply is.
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            floor = _rendered_after(text, messages, i, floor, where)
+            continue
+        start = _start(text, _try(render, messages[:i], True), generation_prompt, floor)
+        end = (
+            None
+            if start is None
+            else _end(text, _try(render, messages[: i + 1], False), start, render, messages[: i + 1], generation_prompt)
+        )
+        if end is None and not text.startswith(_try(render, [], False) or text[:1] + "\0"):
+            # Not even the empty conversation is a prefix (a header that counts the messages): search plain replies.
+            start, end = _searched(text, message, floor, generation_prompt, end_of_turn) or (start, None)
+        if end is None:
+            raise RowError(
+                f"{where}, {_describe(i, message)}: the chat template renders the conversation before or through this "
+                "reply differently once later messages follow, so what the model generates for it cannot be read off "
+                "the template. Use a chat_template that renders earlier turns as they were generated (e.g. TRL's "
+                "*_training.jinja variants), split the conversation at this reply, or pass on_error='skip'.",
+                reason="template_rewrites_history",
+            )
+        spans.append((start, end))
+        floor = end
+    return np.asarray(spans, dtype=np.int64).reshape(-1, 2)

@@ -1,0 +1,243 @@
+"""Agreement of flatcollate's chat labels with the `{% generation %}` masks of TRL's training chat templates.
+
+For every `X_training.jinja` installed with `trl` whose base `X.jinja` renders the same text, conversations of four
+kinds (plain, system, reasoning, tool calling; built here, not tuned on) are labelled by flatcollate
+(`flatcollate.data.turns`) and by the template's own markers (`return_assistant_tokens_mask`), compared by character.
+A conversation agrees when every character the two mark differently is whitespace, inside a special-token string
+(`<|im_end|>`, `<｜end▁of▁sentence｜>`, `<end_of_turn>`, ...) or inside a generation prompt (the header, which
+flatcollate leaves to the prompt: inference starts after it). A template that refuses a conversation, or whose base
+renders it differently, is counted as skipped.
+
+    python tools/template_agreement.py            # markdown table per kind, then every disagreement
+"""
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+import jinja2
+import numpy as np
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from flatcollate.data.chat import ChatRenderer
+from flatcollate.data.row_errors import RowError
+
+KINDS = ("plain", "system", "reasoning", "tools")
+SPECIAL = re.compile(r"<\|[^<>\s]*?\|>|<｜[^<>]*?｜>|</?s>|<(?:start|end)_of_turn>|<eos>|<bos>|\[/?INST\]")
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "convert",
+            "description": "Convert an amount between currencies.",
+            "parameters": {"type": "object", "properties": {"amount": {"type": "number"}, "to": {"type": "string"}}},
+        },
+    },
+]
+
+
+def _call(name, arguments, as_string):
+    return {
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments) if as_string else arguments},
+    }
+
+
+def conversations(kind: str) -> list[tuple[list[dict], list | None]]:
+    """`(messages, tools)` of one kind."""
+    user = [
+        {"role": "user", "content": "Where is the Louvre?"},
+        {"role": "user", "content": "And how old is it?"},
+        {"role": "user", "content": "Summarise that in one line."},
+    ]
+    replies = [
+        "It is in Paris, on the right bank of the Seine.",
+        "The palace dates from 1546; the museum opened in 1793.",
+        "\nA Paris palace turned museum in 1793.",
+    ]
+    thoughts = [
+        "The user asks for a location. The Louvre is in Paris.",
+        "Palace 1546, museum 1793.",
+        "One line: palace, Paris, 1793.",
+    ]
+    if kind in ("plain", "system"):
+        head = [{"role": "system", "content": "You are a concise guide."}] if kind == "system" else []
+        chats = [[*head, user[0], {"role": "assistant", "content": replies[0]}]]
+        chats.append([*head, *[m for k in range(3) for m in (user[k], {"role": "assistant", "content": replies[k]})]])
+        chats.append(
+            [
+                *head,
+                user[1],
+                {"role": "assistant", "content": "  spaced answer \n"},
+                user[2],
+                {"role": "assistant", "content": "ok"},
+            ]
+        )
+        return [(c, None) for c in chats]
+    if kind == "reasoning":
+        turn = [{"role": "assistant", "content": replies[k], "reasoning_content": thoughts[k]} for k in range(3)]
+        return [
+            ([user[0], turn[0]], None),
+            ([m for k in range(3) for m in (user[k], turn[k])], None),
+            ([{"role": "system", "content": "Think first."}, user[1], turn[1], user[2], turn[2]], None),
+        ]
+    weather = {"city": "Paris"}
+    chats = []
+    for as_string in (False, True):
+        call = {"role": "assistant", "content": "", "tool_calls": [_call("get_weather", weather, as_string)]}
+        result = {"role": "tool", "name": "get_weather", "content": '{"temperature": 18, "sky": "cloudy"}'}
+        final = {"role": "assistant", "content": "It is 18 degrees and cloudy in Paris."}
+        chats.append(([{"role": "user", "content": "Weather in Paris?"}, call, result, final], TOOLS))
+    two = {
+        "role": "assistant",
+        "content": "Let me check both.",
+        "tool_calls": [
+            _call("get_weather", {"city": "Lyon"}, False),
+            _call("convert", {"amount": 10, "to": "USD"}, False),
+        ],
+    }
+    chats.append(
+        (
+            [
+                {"role": "system", "content": "Use tools when needed."},
+                {"role": "user", "content": "Weather in Lyon, and 10 EUR in USD?"},
+                two,
+                {"role": "tool", "name": "get_weather", "content": "sunny"},
+                {"role": "tool", "name": "convert", "content": "10.8"},
+                {"role": "assistant", "content": "Sunny in Lyon; 10 EUR is 10.80 USD."},
+                {"role": "user", "content": "Thanks!"},
+                {"role": "assistant", "content": "You're welcome."},
+            ],
+            TOOLS,
+        )
+    )
+    return chats
+
+
+def template_pairs(directory: Path) -> list[tuple[str, str, str]]:
+    """`(name, base, training)` for every `*_training.jinja` with its base template next to it."""
+    pairs = []
+    for path in sorted(directory.glob("*_training.jinja")):
+        base = path.with_name(path.name.replace("_training", ""))
+        if base.exists():
+            pairs.append((base.stem, base.read_text(), path.read_text()))
+    return pairs
+
+
+def _char_mask(length: int, spans) -> np.ndarray:
+    mask = np.zeros(length, dtype=bool)
+    for start, end in spans:
+        mask[start:end] = True
+    return mask
+
+
+def _prompt_runs(text: str, diff: np.ndarray, ours, marked, header: str) -> list[tuple[int, int]]:
+    """Runs of differing characters right before or after the start of a reply that are part of the generation
+    prompt (`<think>` of `<|im_start|>assistant\n<think>\n`): the prompt the model is given, not what it writes."""
+    runs = []
+    for start in {int(s) for s, _ in ours} | {int(s) for s, _ in marked}:
+        for lo, hi in ((start, start), (start, start)):
+            while lo > 0 and diff[lo - 1]:
+                lo -= 1
+            while hi < len(text) and diff[hi]:
+                hi += 1
+            for a, b in ((lo, start), (start, hi)):
+                if a < b and text[a:b] in header:
+                    runs.append((a, b))
+    return runs
+
+
+def as_parts(messages: list[dict]) -> list[dict]:
+    """Text contents as `[{"type": "text", "text": ...}]`, for the image-text templates that read only parts."""
+    return [
+        {**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+        for m in messages
+    ]
+
+
+def compare(renderer: ChatRenderer, base: str, messages: list[dict], tools) -> tuple[str, str]:
+    """`("agree" | "differ" | "skipped", detail)` for one conversation."""
+    context = {**renderer.tokenizer.special_tokens_map, **renderer.template_kwargs}
+    try:
+        (text,), (marked,) = render_jinja_template(
+            [messages], tools=tools, chat_template=renderer.chat_template, return_assistant_tokens_mask=True, **context
+        )
+        (plain,), _ = render_jinja_template([messages], tools=tools, chat_template=base, **context)
+    except (jinja2.TemplateError, TypeError, ValueError) as err:  # the template refuses the conversation: a skip
+        return "skipped", f"template refuses: {type(err).__name__}: {str(err)[:80]}"
+    if plain != text:
+        return "skipped", "base and training templates render differently"
+    if isinstance(messages[0]["content"], str) and messages[0]["content"] not in text:
+        return compare(renderer, base, as_parts(messages), tools)
+    from flatcollate.data.turns import generated_spans
+
+    try:
+        ours = generated_spans(
+            text,
+            messages,
+            render=renderer.prefix_renderer(messages, tools=tools),
+            generation_prompt=renderer.reply_prefix,
+            end_of_turn=renderer.reply_suffix,
+            where="row",
+        )
+    except RowError as err:
+        return "refused" if err.reason == "template_drops_content" else "differ", f"flatcollate refuses: {err}"[:200]
+    diff = _char_mask(len(text), ours) ^ _char_mask(len(text), marked)
+    allowed = np.array([c.isspace() for c in text], dtype=bool)
+    allowed |= _char_mask(len(text), [m.span() for m in SPECIAL.finditer(text)])
+    allowed |= _char_mask(len(text), _prompt_runs(text, diff, ours, marked, renderer.reply_prefix))
+    bad = np.flatnonzero(diff & ~allowed)
+    if bad.size == 0:
+        return "agree", ""
+    a, b = max(int(bad[0]) - 30, 0), int(bad[0]) + 40
+    side = "flatcollate" if _char_mask(len(text), ours)[bad[0]] else "template"
+    return "differ", f"{bad.size} chars, first marked by {side} only: {text[a:b]!r}"
+
+
+def measure(tokenizer, directory: Path, names: list[str] | None = None) -> dict:
+    """`{kind: Counter(agree=, differ=, skipped=)}` and the list of disagreements."""
+    counts = {kind: Counter() for kind in KINDS}
+    details = []
+    for name, base, training in template_pairs(directory):
+        if names is not None and name not in names:
+            continue
+        renderer = ChatRenderer(tokenizer, chat_template=training)
+        for kind in KINDS:
+            for k, (messages, tools) in enumerate(conversations(kind)):
+                outcome, detail = compare(renderer, base, messages, tools)
+                counts[kind][outcome] += 1
+                if outcome != "agree":
+                    details.append((name, kind, k, outcome, detail))
+    return {"counts": counts, "details": details}
+
+
+def main(argv=None) -> None:
+    import trl
+    from transformers import AutoTokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", default="../shared/data/tokenizers/qwen2.5-instruct")
+    args = parser.parse_args(argv)
+    result = measure(AutoTokenizer.from_pretrained(args.tokenizer), Path(trl.__file__).parent / "chat_templates")
+    print("| kind | agree | differ | refused (template drops a message) | skipped | agreement |")
+    print("|---|---|---|---|---|---|")
+    for kind, c in result["counts"].items():
+        rate = c["agree"] / max(c["agree"] + c["differ"], 1)
+        print(f"| {kind} | {c['agree']} | {c['differ']} | {c['refused']} | {c['skipped']} | {rate:.1%} |")
+    for row in result["details"]:
+        print(*row, sep=" | ")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
