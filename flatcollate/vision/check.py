@@ -34,7 +34,7 @@ from ..attention import ATTN_IMPLEMENTATION
 from ..check import BackendResult, CheckReport, _grads, _run_flat, _set_vanilla, _token_losses, compared
 from ..modeling import prepare_model_for_flattening, unsupported_reason
 from .collate import VisionDataCollatorWithFlattening
-from .controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift
+from .controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift, unused_by_design
 from .layouts import TOKEN_TYPE_FIELDS
 from .tiny import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
 
@@ -46,6 +46,10 @@ REFUSALS = (ValueError, RuntimeError, TypeError, IndexError, NotImplementedError
 check reports it as the backend's reason. Anything else is a bug and propagates."""
 
 _PER_TOKEN = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
+
+SHIFT_CONTROL = "images reversed across examples (control)"
+GRADIENT_CONTROL = "image-path gradients (control)"
+"""Keys of `CheckReport.exercised` that report the two controls."""
 
 
 def image_text_model_type(model: str | PretrainedConfig) -> str | None:
@@ -159,7 +163,8 @@ def check_vision_model(
     # The negative control runs on the prepared model where it ran, else on the first backend that did.
     runner = ran.get(ATTN_IMPLEMENTATION) or next(iter(ran.values()), None)
     shift = None if runner is None else image_shift(runner[0], batch, collator.layout, runner[1])
-    controls, blind = _controls(shift, len(image_parameters(base)), dead_image_parameters(base, ref_grads))
+    counts = (len(image_parameters(base)), len(unused_by_design(base)))
+    controls, blind = _controls(shift, counts, dead_image_parameters(base, ref_grads))
     if blind is not None:
         results = [
             dataclasses.replace(r, status="unverified", reason=blind) if r.status == "exact" else r for r in results
@@ -174,16 +179,24 @@ def check_vision_model(
     )
 
 
-def _controls(shift: float | None, parameters: int, dead: list[str]) -> tuple[dict[str, str], str | None]:
+def _controls(shift: float | None, counts: tuple[int, int], dead: list[str]) -> tuple[dict[str, str], str | None]:
     """What the controls measured, for the report, and why the check is blind to its images (None when it is not).
 
-    >>> _controls(0.5, 30, [])[1] is None, _controls(0.0, 30, [])[1]
+    Args:
+        shift (`float`, *optional*): `image_shift` of a backend that ran the batch.
+        counts (`tuple[int, int]`): parameters on the image path, and those of them unused by design.
+        dead (`list[str]`): `dead_image_parameters`.
+
+    >>> _controls(0.5, (30, 2), [])[0]["image-path gradients (control)"]
+    '28 of 30 parameters get one (2 unused by design)'
+    >>> _controls(0.5, (30, 0), [])[1] is None, _controls(0.0, (30, 0), [])[1]
     (True, 'blind to its images: reversing them across examples moves the logits by 0.0e+00 (a control needs > 1e-02)')
     """
     measured = "not run (no backend ran the batch)" if shift is None else f"the logits move by {shift:.1e}"
     controls = {
-        "images reversed across examples (control)": f"{measured}; more than {IMAGE_SHIFT:g} needed",
-        "image-path gradients (control)": f"{parameters - len(dead)} of {parameters} parameters get one"
+        SHIFT_CONTROL: f"{measured}; more than {IMAGE_SHIFT:g} needed",
+        GRADIENT_CONTROL: f"{counts[0] - counts[1] - len(dead)} of {counts[0]} parameters get one"
+        + (f" ({counts[1]} unused by design)" if counts[1] else "")
         + (f"; none for {', '.join(dead[:3])}{' ...' if len(dead) > 3 else ''}" if dead else ""),
     }
     why = []

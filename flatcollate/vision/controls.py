@@ -29,7 +29,7 @@ PIXEL_FIELDS = ("pixel_values", "pixel_values_videos")
 """The fields whose contents `images_reversed` reverses; sizes, grids and masks stay where they are."""
 
 _POST_LAYERNORM = {
-    r"model\.vision_tower\.post_layernorm\.(weight|bias)": "the family takes the vision layers' hidden states "
+    r"model\.(vision|image)_tower\.post_layernorm\.(weight|bias)": "the family takes the vision layers' hidden states "
     "(`vision_feature_layer(s)`), which the tower's final norm does not touch"
 }
 UNUSED_BY_DESIGN: dict[str, dict[str, str]] = {
@@ -94,20 +94,26 @@ def image_parameters(model: torch.nn.Module) -> list[str]:
     return [name for name, parameter in model.named_parameters() if id(parameter) not in text]
 
 
+def unused_by_design(model: torch.nn.Module) -> list[str]:
+    """Image-path parameters that `UNUSED_BY_DESIGN` names for the model's family."""
+    patterns = UNUSED_BY_DESIGN.get(getattr(model.config, "model_type", None), {})
+    return [name for name in image_parameters(model) if any(re.fullmatch(p, name) for p in patterns)]
+
+
 def dead_image_parameters(model: torch.nn.Module, grads: Mapping[str, torch.Tensor]) -> list[str]:
     """Image-path parameters (`image_parameters`) whose gradient is missing or exactly zero in every element, less
-    the ones `UNUSED_BY_DESIGN` names for the model's family.
+    the ones unused by design (`unused_by_design`).
 
     Args:
         model (`torch.nn.Module`): the model the gradients come from.
         grads (`Mapping[str, torch.Tensor]`): parameter name -> gradient, as after `loss.backward()` (missing where
             the parameter got none).
     """
-    allowed = UNUSED_BY_DESIGN.get(getattr(model.config, "model_type", None), {})
+    allowed = set(unused_by_design(model))
     dead = []
     for name in image_parameters(model):
         grad = grads.get(name)
-        if (grad is None or not bool(grad.any())) and not any(re.fullmatch(p, name) for p in allowed):
+        if (grad is None or not bool(grad.any())) and name not in allowed:
             dead.append(name)
     return dead
 
