@@ -36,7 +36,7 @@ from transformers.models.auto.modeling_auto import (
 from flatcollate.attention import ATTN_IMPLEMENTATION
 from flatcollate.check import DEFAULT_BACKENDS, check_model
 from flatcollate.models import tiny_config
-from flatcollate.vision.check import not_built_reason
+from flatcollate.vision.check import GRADIENT_CONTROL, SHIFT_CONTROL, not_built_reason
 
 IMAGE_TEXT_HEADING = "## Image-text-to-text architectures"
 """Heading of the image-text section of `--output`; the text section is everything before it."""
@@ -129,6 +129,7 @@ def run_one_image_text(model_type: str, *, seconds: int = SECONDS_PER_ARCHITECTU
         "results": results,
         "lengths": list(report.lengths),
         "tolerances": report.tolerances,
+        "controls": {key: report.exercised.get(key, "") for key in (SHIFT_CONTROL, GRADIENT_CONTROL)},
         "seconds": time.perf_counter() - started,
     }
 
@@ -246,18 +247,24 @@ def image_text_markdown(rows: list[dict]) -> str:
         "order when batched); the diffs column gives flatcollate's logits / loss / gradients gaps.",
         "*vanilla transformers* is the unprepared model (SDPA, `use_cache=False`) on the same batch, the largest logit",
         "difference in brackets; *flatcollate* is the model after `prepare_model_for_flattening`. Same check as",
-        "`flatcollate check <model_type>`.",
+        "`flatcollate check <model_type>`. Controls (`flatcollate.vision.controls`): every parameter of the tiny",
+        "model carries seeded noise; the batch with its images reversed across examples must move the logits by more",
+        "than 1e-2 (*images reversed*: the largest logit change), and every vision-tower and projector parameter must",
+        "get a gradient (*gradients*: those that get one, of those on the image path; the few a family never runs on",
+        "these examples, such as a CLIP tower's final norm, are named with their reason in `UNUSED_BY_DESIGN`);",
+        "otherwise a family is `unverified`, not `exact`.",
         "",
         f"flatcollate exact on **{len(exact)} of {len(built)}** families that build as tiny models "
         f"({100 * len(exact) / max(len(built), 1):.0f}%); {len(rows) - len(built)} of the {len(rows)} families are not "
         "built (reason given).",
         "",
-        "| family | vanilla transformers | flatcollate | max abs diffs (logits / loss / grads) | reason |",
-        "|---|---|---|---|---|",
+        "| family | vanilla transformers | flatcollate | max abs diffs (logits / loss / grads) | images reversed "
+        "| gradients | reason |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in sorted(rows, key=lambda r: r["model_type"]):
         if "error" in row:
-            lines.append(f"| {row['model_type']} | not built | not built |  | {row['error'].replace('|', '/')} |")
+            lines.append(f"| {row['model_type']} | not built | not built |  |  |  | {row['error'].replace('|', '/')} |")
             continue
         vanilla, ours = row["results"]["sdpa"], row["results"][ATTN_IMPLEMENTATION]
         diffs = (
@@ -266,7 +273,10 @@ def image_text_markdown(rows: list[dict]) -> str:
             else ""
         )
         why = "; ".join(filter(None, [ours["reason"], INVESTIGATED.get(row["model_type"])]))
-        cells = [_cell(vanilla), ours["status"], diffs, why.replace("|", "/")]
+        controls = row.get("controls", {})
+        shift = controls.get(SHIFT_CONTROL, "").split(";")[0].removeprefix("the logits move by ")
+        gradients = controls.get(GRADIENT_CONTROL, "").replace(" parameters get one", "")
+        cells = [_cell(vanilla), ours["status"], diffs, shift, gradients, why.replace("|", "/")]
         lines.append(f"| {row['model_type']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
