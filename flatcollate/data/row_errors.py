@@ -17,6 +17,8 @@
 | `no_chat_template`       | is a conversation but the tokenizer has no chat template                         |
 | `template_error`         | was refused by the chat template (e.g. roles that do not alternate)              |
 | `template_drops_content` | has a message the chat template does not render, or renders out of order         |
+| `template_rewrites_history` | has a reply the template renders differently once later messages follow, so what |
+|                          | the model generates for it cannot be read off the template                       |
 | `nothing_to_train`       | renders no token inside an assistant reply                                       |
 | `image_count`            | has a different number of `{"type": "image"}` parts and images                   |
 | `missing_image`          | names an image file that does not exist                                          |

@@ -18,8 +18,9 @@ from .label_runs import trained_runs
 
 trl = pytest.importorskip("trl")
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+WEATHER = {"name": "get_weather", "description": "Weather in a city.", "parameters": CITY}
+TOOLS = [{"type": "function", "function": WEATHER}]
 
 
 def call(arguments):
