@@ -1,5 +1,6 @@
 """Tiny random-weight models built from configs, for proofs, checks and CPU benchmarks (no hub download)."""
 
+import copy
 import os
 
 import torch
@@ -46,29 +47,50 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         **overrides: attributes to set after shrinking, e.g. `num_hidden_layers=4`.
 
     Returns:
-        `PretrainedConfig` with the sizes of `TINY_SIZES` for the attributes the config defines.
+        `PretrainedConfig` with the sizes of `TINY_SIZES` for the attributes the config defines; per-layer lists
+        (`layer_types`, ...) as long as the new depth (see `apply_overrides`), so the model saves and loads back.
 
     >>> cfg = tiny_config("llama", num_hidden_layers=3)
     >>> cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads
     (64, 3, 2)
     """
     if isinstance(model, PretrainedConfig):
-        config = model.__class__.from_dict(model.to_dict())
+        # A depth set on the object after it was built is fitted first: from_dict re-runs the config's own checks.
+        config = model.__class__.from_dict(apply_overrides(copy.deepcopy(model)).to_dict())
     elif os.path.isdir(model):
         config = AutoConfig.from_pretrained(model)
     else:
         config = AutoConfig.for_model(str(model))
-    layers = getattr(config, "num_hidden_layers", None)
+    depth = _per_layer_length(config)
     for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
         if name in overrides or (_defines(config, name) and _settable(config, name)):
             setattr(config, name, value)
     _fit_state_space_heads(config, overrides)
-    _fit_per_layer_lists(config, layers)
+    _fit_per_layer_lists(config, depth, keep=set(overrides))
     _fit_nested(config)
     if isinstance(getattr(config, "pad_token_id", None), int) and config.pad_token_id >= config.vocab_size:
         config.pad_token_id = config.vocab_size - 1  # an id outside the shrunk vocabulary cannot index the embedding
     if getattr(config, "is_decoder", None) is False and "is_decoder" not in overrides:
         config.is_decoder = True  # encoder families (bert, roberta, ...) serve as causal LMs only as decoders
+    return config
+
+
+def apply_overrides(config: PretrainedConfig, **overrides) -> PretrainedConfig:
+    """Set config attributes in place, keeping per-layer lists as long as `num_hidden_layers`; returns `config`.
+
+    The lists written for the config's depth (`layer_types`, `mlp_layer_types`, `no_rope_layers`, ... : every list
+    attribute of that length) are cut to a smaller depth, or repeated from their start up to a larger one; lists of
+    layer indices (`mlp_only_layers`, ...) drop the layers that are gone. Lists given in `overrides` are kept as given.
+
+    >>> from transformers import Qwen2Config
+    >>> config = Qwen2Config(num_hidden_layers=3, layer_types=["full_attention", "sliding_attention", "full_attention"])
+    >>> apply_overrides(config, num_hidden_layers=2).layer_types
+    ['full_attention', 'sliding_attention']
+    """
+    depth = _per_layer_length(config)
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    _fit_per_layer_lists(config, depth, keep=set(overrides))
     return config
 
 
@@ -118,14 +140,39 @@ def _fit_state_space_heads(config: PretrainedConfig, overrides: dict) -> None:
             config.n_groups = 1
 
 
-def _fit_per_layer_lists(config: PretrainedConfig, original_layers: int | None) -> None:
-    """Per-layer lists (`layer_types`, ...) sized for the original depth are cut to the shrunk one."""
+def _per_layer_length(config: PretrainedConfig) -> int | None:
+    """The depth the config's per-layer lists were written for: the length of `layer_types` where it is a list (a
+    depth set on the config object after it was built leaves the lists behind), else `num_hidden_layers`."""
+    layer_types = vars(config).get("layer_types")
+    if isinstance(layer_types, list):
+        return len(layer_types)
     layers = getattr(config, "num_hidden_layers", None)
-    if not isinstance(original_layers, int) or not isinstance(layers, int) or layers >= original_layers:
+    return layers if isinstance(layers, int) else None
+
+
+NOT_PER_LAYER = ("architectures", "bos_token_id", "eos_token_id", "pad_token_id")
+"""List attributes that may happen to be as long as the model is deep."""
+
+
+def _fit_per_layer_lists(config: PretrainedConfig, depth: int | None, *, keep: set[str]) -> None:
+    """Per-layer lists written for `depth` layers follow `num_hidden_layers`: cut, or repeated from their start;
+    lists of layer indices drop the layers past the new depth. Attributes named in `keep` are left as they are."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(depth, int) or not isinstance(layers, int) or layers == depth or depth < 1:
         return
     for name, value in list(vars(config).items()):
-        if isinstance(value, list) and len(value) == original_layers:
-            setattr(config, name, value[:layers])
+        if name in keep or name in NOT_PER_LAYER or not isinstance(value, list | tuple) or not _settable(config, name):
+            continue
+        if len(value) == depth:
+            setattr(config, name, type(value)(value[i % depth] for i in range(layers)))
+        elif _is_layer_index_list(name, value, depth):
+            setattr(config, name, type(value)(index for index in value if index < layers))
+
+
+def _is_layer_index_list(name: str, value: list | tuple, depth: int) -> bool:
+    """`mlp_only_layers=[0, 3]`, `moe_layers`, `full_attn_idxs`, ...: a list of ints, each a layer of the model."""
+    named = "layer" in name or name.endswith(("_idxs", "_indices"))
+    return named and all(type(index) is int and 0 <= index < depth for index in value)
 
 
 def _fit_nested(config: PretrainedConfig) -> None:

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 import flatcollate
 
-from ..models import tiny_config
+from ..models import apply_overrides, tiny_config
 from .batches import default_pack_len, has_packing, step_batches, synthetic_sequences
 from .config import MODES, PEER_MODE, ThroughputConfig
 from .memory import PeakMemory
@@ -224,8 +224,7 @@ def build_model(
             if Path(config.model).is_dir()
             else AutoConfig.for_model(config.model)
         )
-        for name, value in config.model_overrides.items():
-            setattr(model_config, name, value)
+        apply_overrides(model_config, **config.model_overrides)  # per-layer lists follow a new num_hidden_layers
     model_config.use_cache = False
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa", dtype=dtype).to(device)
