@@ -26,7 +26,10 @@ from flatcollate.data.chat import ChatRenderer
 from flatcollate.data.row_errors import RowError
 
 KINDS = ("plain", "system", "reasoning", "tools")
-SPECIAL = re.compile(r"<\|[^<>\s]*?\|>|<｜[^<>]*?｜>|</?s>|<(?:start|end)_of_turn>|<eos>|<bos>|\[/?INST\]")
+# Special-token strings; Gemma 4's `<|tool_response>` (its stop token after a call) and `<turn|>` included.
+SPECIAL = re.compile(
+    r"<\|[^<>\s]*?\|>|<\|[a-z_]+>|<[a-z_]+\|>|<｜[^<>]*?｜>|</?s>|<(?:start|end)_of_turn>|<eos>|<bos>|\[/?INST\]"
+)
 TOOLS = [
     {
         "type": "function",
@@ -192,7 +195,8 @@ def compare(renderer: ChatRenderer, base: str, messages: list[dict], tools) -> t
             where="row",
         )
     except RowError as err:
-        return "refused" if err.reason == "template_drops_content" else "differ", f"flatcollate refuses: {err}"[:200]
+        refused = err.reason in ("template_drops_content", "template_splits_reply")
+        return "refused" if refused else "differ", f"flatcollate refuses: {err}"[:200]
     diff = _char_mask(len(text), ours) ^ _char_mask(len(text), marked)
     allowed = np.array([c.isspace() for c in text], dtype=bool)
     allowed |= _char_mask(len(text), [m.span() for m in SPECIAL.finditer(text)])
@@ -230,7 +234,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokenizer", default="../shared/data/tokenizers/qwen2.5-instruct")
     args = parser.parse_args(argv)
     result = measure(AutoTokenizer.from_pretrained(args.tokenizer), Path(trl.__file__).parent / "chat_templates")
-    print("| kind | agree | differ | refused (template drops a message) | skipped | agreement |")
+    print("| kind | agree | differ | refused (template drops or splits a message) | skipped | agreement |")
     print("|---|---|---|---|---|---|")
     for kind, c in result["counts"].items():
         rate = c["agree"] / max(c["agree"] + c["differ"], 1)

@@ -19,6 +19,8 @@
 | `template_drops_content` | has a message the chat template does not render, or renders out of order         |
 | `template_rewrites_history` | has a reply the template renders differently once later messages follow, so what |
 |                          | the model generates for it cannot be read off the template                       |
+| `template_splits_reply`  | has a tool-calling reply whose content the template writes outside the reply     |
+|                          | (Diffusion-Gemma: after the tool responses), so what is generated is unknown     |
 | `nothing_to_train`       | renders no token inside an assistant reply                                       |
 | `image_count`            | has a different number of `{"type": "image"}` parts and images                   |
 | `missing_image`          | names an image file that does not exist                                          |

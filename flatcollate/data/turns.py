@@ -68,16 +68,34 @@ def _try(render: Render, head: list[dict], add_generation_prompt: bool) -> str |
         return None
 
 
-def _start(text: str, prompt: str | None, generation_prompt: str, floor: int) -> int | None:
+def _start(text: str, prompt: str | None, generation_prompt: str, floor: int, previous: dict | None) -> int | None:
     if prompt is None:
         return None
     if text.startswith(prompt):
         start = len(prompt)
+        if generation_prompt and not prompt.endswith(generation_prompt) and text.startswith(generation_prompt, start):
+            # No generation prompt after a tool result (Diffusion-Gemma: the model goes on in its turn), but the row
+            # writes the header there: the header is prompt, as everywhere.
+            start += len(generation_prompt)
     else:
         start = common_prefix_length(prompt, text)
-        if start < len(prompt) - len(generation_prompt):
-            return None  # the conversation before the reply renders differently, not just the generation prompt
+        if not prompt.endswith(generation_prompt) or start < len(prompt) - len(generation_prompt):
+            # The conversation before the reply renders differently, not just the generation prompt.
+            return _after_previous(text, prompt, generation_prompt, floor, previous)
     return start if start >= floor else None
+
+
+def _after_previous(text: str, prompt: str, generation_prompt: str, floor: int, previous: dict | None) -> int | None:
+    """Where the reply starts when an earlier turn renders differently in the prompt than in the row (gpt-oss renders
+    a tool-calling turn's content as analysis while its tool results are the last messages, and drops it once a
+    final reply follows): what the prompt writes after the message right before the reply (its end of turn and the
+    generation prompt) must follow that message in the row too, at `floor`."""
+    content = None if previous is None or previous["role"] == "assistant" else previous.get("content")
+    if not isinstance(content, str) or not content or not generation_prompt or not prompt.endswith(generation_prompt):
+        return None
+    at = prompt.rfind(content)
+    gap = prompt[at + len(content) :]
+    return floor + len(gap) if at >= 0 and text.startswith(gap, floor) else None
 
 
 def _end(
@@ -139,6 +157,30 @@ def _searched(text: str, message: dict, floor: int, generation_prompt: str, end_
     return None if found is None else (found[0], through_suffix(text, found[1], end_of_turn))
 
 
+def _check_content_inside(text: str, messages: list[dict], start: int, end: int, i: int, where: str) -> None:
+    """A tool-calling reply whose own text the template writes after its span, before the next message that is not a
+    tool result (Diffusion-Gemma writes it after the tool responses, inside the same turn), is refused: whether the
+    model generates it there, after the environment's text, is not in the template's structure, and a span reaching
+    it would train the tool's output. A content the row does not render at all (gpt-oss drops it once a final reply
+    follows) is labelled as rendered."""
+    message, content = messages[i], messages[i].get("content")
+    if not message.get("tool_calls") or not isinstance(content, str) or not content.strip():
+        return
+    if content.strip() in text[start:end]:
+        return
+    later = next((m.get("content") for m in messages[i + 1 :] if m["role"] != "tool"), None)
+    found = find_content(text, later, end, "", "") if isinstance(later, str) and later else None
+    if content.strip() not in text[end : len(text) if found is None else found[0]]:
+        return
+    raise RowError(
+        f"{where}, {_describe(i, message)}: the chat template writes this tool-calling reply's content outside the "
+        "reply (after the tool responses, in the same turn), so which of those characters the model generates "
+        "cannot be read off the template. Put the text in a separate assistant message after the tool messages, "
+        "leave the content of tool-calling messages empty, or pass on_error='skip'.",
+        reason="template_splits_reply",
+    )
+
+
 def generated_spans(
     text: str,
     messages: list[dict],
@@ -179,7 +221,8 @@ def generated_spans(
         if message["role"] != "assistant":
             floor = _rendered_after(text, messages, i, floor, where)
             continue
-        start = _start(text, _try(render, messages[:i], True), generation_prompt, floor)
+        previous = messages[i - 1] if i else None
+        start = _start(text, _try(render, messages[:i], True), generation_prompt, floor, previous)
         end = (
             None
             if start is None
@@ -196,6 +239,7 @@ def generated_spans(
                 "*_training.jinja variants), split the conversation at this reply, or pass on_error='skip'.",
                 reason="template_rewrites_history",
             )
+        _check_content_inside(text, messages, start, end, i, where)
         spans.append((start, end))
         floor = end
     return np.asarray(spans, dtype=np.int64).reshape(-1, 2)

@@ -95,6 +95,47 @@ def test_a_template_that_rewrites_history_is_refused_naming_the_message(qwen):
     assert err.value.reason == "template_rewrites_history"
 
 
+def _two_tools(content: str) -> list[dict]:
+    calls = [call({"city": "Lyon"}), {"type": "function", "function": {"name": "convert", "arguments": {"to": "USD"}}}]
+    return [
+        {"role": "user", "content": "Weather in Lyon, and 10 EUR in USD?"},
+        {"role": "assistant", "content": content, "tool_calls": calls},
+        {"role": "tool", "name": "get_weather", "content": "sunny"},
+        {"role": "tool", "name": "convert", "content": "10.8"},
+        {"role": "assistant", "content": "Sunny; 10.80 USD."},
+    ]
+
+
+def test_diffusion_gemma_trains_the_call_and_its_stop_token_never_the_tool_response(qwen):
+    """The tool response is written inside the assistant turn; `<|tool_response>` after the call is Gemma 4's stop
+    token for a call (generation_config eos_token_id [1, 106, 50]), so it is trained; what follows it is not."""
+    template = (TEMPLATES / "diffusion_gemma_training.jinja").read_text()
+    out = build_encoder(qwen, format="messages", chat_template=template)({"messages": _two_tools(""), "tools": TOOLS})
+    runs = [qwen.decode(r) for r in trained_runs(out["labels"])]
+    assert runs[0].startswith("<|tool_call>call:get_weather{city:") and runs[0].endswith("<tool_call|><|tool_response>")
+    assert not any("response:" in run or "sunny" in run or "10.8<" in run for run in runs), runs
+    assert runs[-1] == "Sunny; 10.80 USD.<turn|>\n"
+
+
+def test_a_reply_the_template_splits_around_tool_responses_is_refused_naming_the_message(qwen):
+    """Diffusion-Gemma writes a tool-calling reply's content after the tool responses: refused, never guessed."""
+    template = (TEMPLATES / "diffusion_gemma_training.jinja").read_text()
+    encode = build_encoder(qwen, format="messages", chat_template=template)
+    named = r"row 7: field 'messages', message 1 \(assistant, 'Checking\.'\).*after the tool"
+    with pytest.raises(RowError, match=named) as err:
+        encode({"messages": _two_tools("Checking."), "tools": TOOLS}, index=7)
+    assert err.value.reason == "template_splits_reply"
+
+
+def test_gptoss_reply_after_two_tool_results_trains_its_channel_header(qwen):
+    """gpt-oss renders a tool-calling turn's content as analysis while tool results are the last messages and drops
+    it once a reply follows: the next reply still starts right after its generation prompt."""
+    template = (TEMPLATES / "gptoss_training.jinja").read_text()
+    out = build_encoder(qwen, format="messages", chat_template=template)({"messages": _two_tools("Checking.")})
+    runs = [qwen.decode(r) for r in trained_runs(out["labels"])]
+    assert runs[-1] == "<|channel|>final<|message|>Sunny; 10.80 USD.<|return|>"
+
+
 def _agreement_tool():
     path = Path(__file__).parents[2] / "tools" / "template_agreement.py"
     spec = importlib.util.spec_from_file_location("template_agreement", path)
@@ -111,12 +152,12 @@ def test_labels_agree_with_every_trl_training_template(qwen):
     result = tool.measure(qwen, TEMPLATES)
     for kind, counts in result["counts"].items():
         compared = counts["agree"] + counts["differ"]
-        assert compared >= 30 and counts["agree"] / compared >= 0.92, (kind, counts, result["details"])
-    for kind in ("plain", "system", "reasoning"):
-        assert result["counts"][kind]["differ"] == 0, result["details"]
-    # Remaining differences, each documented: Diffusion-Gemma renders the tool response inside the assistant turn,
-    # gpt-oss marks the header of a turn following a tool result.
-    assert {(name, kind) for name, kind, _, outcome, _ in result["details"] if outcome == "differ"} <= {
-        ("diffusion_gemma", "tools"),
-        ("gptoss", "tools"),
+        assert compared >= 30 and counts["agree"] / compared >= 0.98, (kind, counts, result["details"])
+        assert counts["differ"] == 0, result["details"]
+    # Refused rows, each documented: Phi-3/3.5 drop tool messages; Diffusion-Gemma writes a tool-calling reply's
+    # content after the tool responses.
+    assert {name for name, _, _, outcome, _ in result["details"] if outcome == "refused"} <= {
+        "phi3",
+        "phi3_5",
+        "diffusion_gemma",
     }
