@@ -181,6 +181,23 @@ def _check_content_inside(text: str, messages: list[dict], start: int, end: int,
     )
 
 
+def _framed(text: str, message: dict, floor: int, generation_prompt: str, end_of_turn: str) -> tuple[int, int] | None:
+    """The cheap check, for a reply between the first and the last: plain text written as the generation prompt,
+    the content as given and the end of turn, first thing after the previous message. That is the span a
+    prefix-stable template's renders give; a reply that fails it (reasoning, tool calls, trimmed content, another
+    end of turn, a prompt the row does not keep) pays its renders."""
+    content = message.get("content")
+    if not (generation_prompt and end_of_turn and isinstance(content, str)):
+        return None
+    if message.get("tool_calls") or any(message.get(f) for f in REASONING_FIELDS):
+        return None
+    at = text.find(generation_prompt + content + end_of_turn, floor)
+    if at < 0 or text.find(generation_prompt, floor) != at:
+        return None
+    start = at + len(generation_prompt)
+    return start, start + len(content) + len(end_of_turn)
+
+
 def generated_spans(
     text: str,
     messages: list[dict],
@@ -189,6 +206,7 @@ def generated_spans(
     generation_prompt: str,
     end_of_turn: str = "",
     where: str,
+    render_every_reply: bool = False,
 ) -> np.ndarray:
     """Character spans of the text the model generates for each assistant message of a rendered conversation.
 
@@ -200,6 +218,8 @@ def generated_spans(
         generation_prompt (`str`): what the template appends for `add_generation_prompt=True` after a user turn.
         end_of_turn (`str`, *optional*): what it writes after a final reply, for the search fallback.
         where (`str`): row and field, for error messages.
+        render_every_reply (`bool`, *optional*): render the prefixes of every reply, also those between the first
+            and the last that pass the cheap check (the slow reference the tests compare with).
 
     Returns:
         `np.ndarray` of shape `(number of assistant messages, 2)`, int64: sorted, disjoint `[start, end)` spans.
@@ -216,10 +236,19 @@ def generated_spans(
     [[26, 40]]
     """
     spans, floor = [], 0
-    # One pair of string renders per assistant message: the template, not a search, says where each reply is.
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    # A pair of string renders per assistant message would cost the square of the chat's length (each render is the
+    # whole prefix): the first and last replies always pay them, those between only where the cheap check fails.
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             floor = _rendered_after(text, messages, i, floor, where)
+            continue
+        framed = None if render_every_reply or i in (replies[0], replies[-1]) else _framed(
+            text, message, floor, generation_prompt, end_of_turn
+        )
+        if framed is not None:
+            spans.append(framed)
+            floor = framed[1]
             continue
         previous = messages[i - 1] if i else None
         start = _start(text, _try(render, messages[:i], True), generation_prompt, floor, previous)

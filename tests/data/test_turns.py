@@ -161,3 +161,57 @@ def test_labels_agree_with_every_trl_training_template(qwen):
         "phi3_5",
         "diffusion_gemma",
     }
+
+
+def _hh_chain(shared_data, count: int) -> list[dict]:
+    messages = []
+    with open(shared_data / "datasets" / "hh_rlhf_harmless_base_test_messages.jsonl") as f:
+        for line in f:
+            messages += json.loads(line)["messages"]
+            if len(messages) >= count:
+                return messages[:count]
+    return messages
+
+
+def test_a_long_chat_renders_prefixes_only_for_its_first_and_last_reply(qwen, shared_data):
+    """Replies between the first and last that pass the cheap check pay no render: the encoder's time grows with the
+    chat's length, not its square (a 330-message chat rendered 330 prefixes before)."""
+    from flatcollate.data.chat import ChatRenderer
+    from flatcollate.data.turns import generated_spans
+
+    messages = _hh_chain(shared_data, 330)
+    renderer = ChatRenderer(qwen)
+    text, prefix = renderer.render(messages), renderer.prefix_renderer(messages)
+    calls = []
+
+    def counted(head, add_generation_prompt):
+        calls.append(len(head))
+        return prefix(head, add_generation_prompt)
+
+    kwargs = {"generation_prompt": renderer.reply_prefix, "end_of_turn": renderer.reply_suffix, "where": "row 0"}
+    fast = generated_spans(text, messages, render=counted, **kwargs)
+    assert len(calls) <= 6, len(calls)
+    slow = generated_spans(text, messages, render=prefix, render_every_reply=True, **kwargs)
+    assert fast.tolist() == slow.tolist()
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "llama-3.2-instruct", "mistral-7b-instruct-v0.2"])
+def test_labels_with_the_cheap_check_equal_rendering_every_reply(name, tokenizer_dir, shared_data, monkeypatch):
+    """Slow reference: every reply's prefixes rendered. HH-RLHF chats, Glaive tool calls and one 120-message chat
+    (all 2300 + 300 rows of each tokenizer compared once: identical, docs/data.md)."""
+    import functools
+
+    import flatcollate.data.chat as chat
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(name))
+    kwargs = {"date_string": "26 Jul 2024"} if name.startswith("llama") else {}
+    hh_text = (shared_data / "datasets" / "hh_rlhf_harmless_base_test_messages.jsonl").read_text()
+    hh = [json.loads(line) for line in hh_text.splitlines()[:60]]
+    glaive = json.loads((shared_data / "datasets" / "glaive_toolcall_en_demo.json").read_text())[:40]
+    for fmt, rows in (("messages", [*hh, {"messages": _hh_chain(shared_data, 120)}]), ("sharegpt", glaive)):
+        encode = build_encoder(tok, format=fmt, chat_template_kwargs=kwargs, on_error="skip")
+        fast = [encode(row, index=k) for k, row in enumerate(rows)]
+        with monkeypatch.context() as patch:
+            patch.setattr(chat, "generated_spans", functools.partial(chat.generated_spans, render_every_reply=True))
+            slow = [encode(row, index=k) for k, row in enumerate(rows)]
+        assert fast == slow
