@@ -13,7 +13,8 @@ from .flattening import DataCollatorWithFlattening, flatten_features
 from .response_templates import (
     completion_mask_after_last,
     completion_mask_turns,
-    matches_within_sequences,
+    decoded_with_offsets,
+    find_template,
     sequences_without,
     template_variants,
 )
@@ -35,10 +36,11 @@ class DataCollatorForCompletionOnlyLM:
         multi-turn      [### Human: q1 ### Assistant: | a1 ### Human: q2 ### Assistant: | a2]
         labels          [-100 ..........................| a1 | -100 ..........................| a2]
 
-    A template string can tokenize differently inside a text than alone (a preceding newline or space merges into its
-    first token). The collator also tries the template after a few common contexts; where none matches, pass the ids
-    exactly as they appear in a tokenized example, e.g.
-    `response_template=tokenizer.encode("\\n### Response:", add_special_tokens=False)[1:]`.
+    A template string can tokenize differently inside a text than alone (Qwen2.5 merges `:` with the newline after
+    `### Response:`). With a fast tokenizer, a string template is found in the decoded text by character offsets, so
+    its neighbours' merges do not matter; a token it shares with its neighbour belongs to the template. Ids given as
+    ids (and ids a tokenizer does not give back from their own text) are searched by id, also after a few common
+    contexts for a string.
 
     Args:
         response_template (`str` or `list[int]`): marks the start of a completion.
@@ -93,6 +95,8 @@ class DataCollatorForCompletionOnlyLM:
         self.instruction_variants = (
             template_variants(instruction_template, tokenizer) if instruction_template is not None else None
         )
+        # String templates are found in the decoded text by character offsets (ids by id).
+        self._by_text = isinstance(response_template, str) or isinstance(instruction_template, str)
         self.flattener = DataCollatorWithFlattening(
             separator_id=IGNORE_INDEX, return_tensors=return_tensors, **flatten_kwargs
         )
@@ -177,12 +181,14 @@ class DataCollatorForCompletionOnlyLM:
         bounds = np.zeros(1, dtype=NP_IDS_DTYPE)
         if ids.size and ("seq_lengths" in feature or "position_ids" in feature):
             bounds = np.concatenate([bounds, np.cumsum(segment_lengths(feature, len(ids), index=index))])[:-1]
-        response_ends = matches_within_sequences(ids, self.response_variants, bounds)[1]
+        decoded = decoded_with_offsets(ids, self.tokenizer) if self._by_text else None
+        response_ends = find_template(ids, self.response_template, self.response_variants, bounds, decoded)[1]
         missing = {"response": sequences_without(response_ends - 1, bounds)}
         if self.instruction_variants is None:
             keep = completion_mask_after_last(len(ids), response_ends, bounds)
         else:
-            instruction_starts = matches_within_sequences(ids, self.instruction_variants, bounds)[0]
+            template, variants = self.instruction_template, self.instruction_variants
+            instruction_starts = find_template(ids, template, variants, bounds, decoded)[0]
             missing["instruction"] = sequences_without(instruction_starts, bounds)
             # every sequence start closes a completion, like an instruction template
             keep = completion_mask_turns(len(ids), response_ends, np.union1d(instruction_starts, bounds))

@@ -53,6 +53,59 @@ def find_any(sequence: np.ndarray, variants: list[np.ndarray]) -> tuple[np.ndarr
     return start[order], end[order]
 
 
+def decoded_with_offsets(ids: np.ndarray, tokenizer) -> tuple[str, np.ndarray] | None:
+    """The text of `ids` and each token's `[start, end)` characters in it, from a fast tokenizer: the ids are decoded,
+    the text tokenized again with offsets, and used where that gives `ids` back (else `None`: ids that are not the
+    tokenizer's own encoding of a text are searched by id).
+
+    Returns:
+        `(text, offsets)`, offsets `np.ndarray` of shape `(L, 2)`, int64; or `None`.
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    text = tokenizer.decode(ids.tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if encoding["input_ids"] != ids.tolist():
+        return None
+    return text, np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+
+
+def find_in_text(text: str, offsets: np.ndarray, template: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token `[start, end)` of every occurrence of `template` in `text`, whatever merges its neighbours cause: a token
+    holding any of the template's characters belongs to it (Qwen2.5's `:\n` after `### Response:`)::
+
+        text      ### Response:\nHi        template "### Response:"
+        tokens    ### | ĠResponse | :Ċ | Hi
+        match     [0, 3)
+
+    >>> starts, ends = find_in_text("ab:|c", np.array([[0, 2], [2, 4], [4, 5]]), "ab:")
+    >>> starts.tolist(), ends.tolist()
+    ([0], [2])
+    """
+    found, at = [], text.find(template)
+    while at >= 0:  # one iteration per occurrence, not per token
+        found.append(at)
+        at = text.find(template, at + 1)
+    first = np.asarray(found, dtype=np.int64)
+    ends = offsets[:, 1]
+    return np.searchsorted(ends, first, side="right"), np.searchsorted(ends, first + len(template), side="left") + 1
+
+
+def find_template(
+    ids: np.ndarray,
+    template: str | list[int],
+    variants: list[np.ndarray],
+    sequence_starts: np.ndarray,
+    decoded: tuple[str, np.ndarray] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Token `[start, end)` of a template's occurrences inside one sequence each: a string template by characters in
+    the decoded text where `decoded` is given (`decoded_with_offsets`), else (ids, or ids a tokenizer does not give
+    back from their text) by its token-id variants."""
+    if isinstance(template, str) and decoded is not None:
+        return within_sequences(*find_in_text(*decoded, template), sequence_starts)
+    return within_sequences(*find_any(ids, variants), sequence_starts)
+
+
 def matches_within_sequences(
     sequence: np.ndarray, variants: list[np.ndarray], sequence_starts: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +120,13 @@ def matches_within_sequences(
     >>> starts.tolist()  # [2, 9] spans the boundary at 2
     []
     """
-    starts, ends = find_any(sequence, variants)
+    return within_sequences(*find_any(sequence, variants), sequence_starts)
+
+
+def within_sequences(
+    starts: np.ndarray, ends: np.ndarray, sequence_starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `[start, end)` token matches that lie inside one sequence of a packed example."""
     first = np.searchsorted(sequence_starts, starts, side="right")
     inside = first == np.searchsorted(sequence_starts, ends - 1, side="right")
     return starts[inside], ends[inside]

@@ -208,3 +208,37 @@ def test_string_template_needs_tokenizer_and_mlm_refused():
         DataCollatorForCompletionOnlyLM(R, mlm=True)
     with pytest.raises(ValueError, match="on_missing_template"):
         DataCollatorForCompletionOnlyLM(R, on_missing_template="skip")
+
+
+ALPACA = "Below is an instruction that describes a task.\n\n### Instruction:\n{q}\n\n### Response:\n{a}"
+
+
+def _trained_runs(tokenizer, ids, labels) -> list[str]:
+    kept = np.flatnonzero(np.asarray(labels) != -100)
+    runs = np.split(kept, np.flatnonzero(np.diff(kept) > 1) + 1)
+    return [tokenizer.decode(np.asarray(ids)[run]) for run in runs if run.size]
+
+
+def test_readme_snippet_finds_the_template_on_the_alpaca_layout_with_qwen(tokenizer_dir):
+    """Qwen2.5 merges the template's ':' with the newline after it (':\\n' is one token): the template is found in
+    the decoded text by character offsets; the token it shares with the completion belongs to the template."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen2.5-instruct"))
+    collator = DataCollatorForCompletionOnlyLM("### Response:", tokenizer=tokenizer)
+    texts = [ALPACA.format(q="Say hi.", a="Hello there!"), ALPACA.format(q="Add 2 and 3.", a="5")]
+    batch = collator([{"input_ids": tokenizer.encode(t, add_special_tokens=False)} for t in texts])
+    assert _trained_runs(tokenizer, batch["input_ids"][0], batch["labels"][0]) == ["Hello there!", "5"]
+
+
+def test_string_templates_by_offsets_multi_turn_and_packed(tokenizer_dir):
+    """Instruction and response templates both merged with their neighbours, two turns, in a packed example of two
+    sequences; the same template given as ids keeps the id search (and does not match here)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen2.5-instruct"))
+    collator = DataCollatorForCompletionOnlyLM("### Response:", "### Instruction:", tokenizer=tokenizer)
+    text = "### Instruction:\nq1\n\n### Response:\na1\n\n### Instruction:\nq2\n\n### Response:\na2"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    example = {"input_ids": ids + ids, "seq_lengths": [len(ids), len(ids)]}
+    labels = collator([example], return_tensors="np")["labels"][0]
+    assert _trained_runs(tokenizer, ids + ids, labels) == ["a1\n\n", "a2", "a1\n\n", "a2"]
+    by_id = DataCollatorForCompletionOnlyLM(tokenizer.encode("### Response:", add_special_tokens=False))
+    with pytest.raises(ValueError, match=r"response template .* not found"):
+        by_id([{"input_ids": ids}])
