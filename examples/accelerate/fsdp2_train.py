@@ -32,6 +32,7 @@ and writes `result.pt` at the end: the steps of this run and the full (unsharded
 
 import argparse
 import contextlib
+import gc
 import json
 import time
 import warnings
@@ -42,7 +43,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -164,9 +165,8 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def shard_model(model: torch.nn.Module, device_type: str, world_size: int) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
     """FSDP2: `fully_shard` every decoder layer (the model's `_no_split_modules`), then the whole model."""
-    mesh = init_device_mesh(device_type, (world_size,))
     for module in model.modules():
         if type(module).__name__ in model._no_split_modules:
             fully_shard(module, mesh=mesh)
@@ -187,15 +187,13 @@ def no_sync(accelerator: Accelerator, model: torch.nn.Module):
         model.set_requires_gradient_sync(True)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    accelerator = Accelerator()
+def train(args: argparse.Namespace, accelerator: Accelerator, mesh: DeviceMesh | None) -> dict:
+    """The run: FSDP2 over `mesh`, or DDP (or one process) without one. Returns what `main` returns."""
     world_size, rank = accelerator.num_processes, accelerator.process_index
-    fsdp = args.parallel == "fsdp2" and world_size > 1
     loader = make_loader(args, rank, world_size)
     model = prepare_model_for_flattening(tiny_causal_lm(args.model, seed=args.seed, use_cache=False)).train()
-    if fsdp:  # accelerate would wrap the model in DDP on the CPU (see docs/distributed.md): shard it here
-        model = shard_model(model, accelerator.device.type, world_size)
+    if mesh is not None:  # accelerate would wrap the model in DDP on the CPU (see docs/distributed.md): shard it here
+        model = shard_model(model, mesh)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
@@ -258,11 +256,33 @@ def main(argv: list[str] | None = None) -> dict:
     if log is not None:
         log.close()
         torch.save({**result, "params": params}, args.output / "result.pt")
-    # Let gloo's worker threads release the last collectives' tensors while this thread waits without the GIL; the
-    # wrapped model freed at return would otherwise join those threads holding the GIL and can deadlock at exit.
-    accelerator.wait_for_everyone()
-    del model, optimizer
-    accelerator.end_training()
+    return result
+
+
+def end_training(accelerator: Accelerator, mesh: DeviceMesh | None) -> None:
+    """Destroy the process group, its gloo threads joined, before the interpreter exits.
+
+    A gloo worker thread frees a finished collective's tensors itself, taking the GIL for those Python owns. One still
+    running when the interpreter finalizes is ended there inside a noexcept destructor: "terminate called without an
+    active exception", SIGABRT at exit, now and then on a busy machine. Under FSDP2 `destroy_process_group` alone left
+    the group running to the end: the mesh holds it (`_pg_registry`), DTensor's sharding caches hold the mesh for the
+    life of the process, and FSDP2's modules hold it in reference cycles until a garbage collection.
+    """
+    accelerator.wait_for_everyone()  # every rank is done with the group
+    if mesh is not None:
+        gc.collect()  # the sharded model (freed when `train` returned) and its hooks form reference cycles
+        mesh._pg_registry.clear()  # torch has no public way to let a mesh go of its groups
+    accelerator.end_training()  # destroy_process_group now drops the group's last reference: its threads are joined
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    accelerator = Accelerator()
+    mesh = None
+    if args.parallel == "fsdp2" and accelerator.num_processes > 1:
+        mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
+    result = train(args, accelerator, mesh)  # the model, its optimizer and autograd graph are freed at its return
+    end_training(accelerator, mesh)
     return result
 
 
