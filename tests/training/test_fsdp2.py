@@ -1,5 +1,6 @@
 """FSDP2 (`fully_shard`) over two CPU processes trains a prepared model exactly like one process on the same batches."""
 
+import json
 import os
 import subprocess
 import sys
@@ -103,3 +104,51 @@ def test_accelerate_fsdp_plugin_falls_back_to_ddp_on_the_cpu(tmp_path):
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "MULTI_CPU DistributedDataParallel sharded=False" in done.stdout
+
+
+THREADS_PROBE = """
+import collections, importlib.util, json, os, sys
+from pathlib import Path
+import torch
+
+def native_threads():  # thread names (comm) of this process, gloo's C++ threads included
+    return collections.Counter(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+
+spec = importlib.util.spec_from_file_location("accelerate_fsdp2_example", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+seen = {}
+destroy = torch.distributed.destroy_process_group
+
+def destroy_process_group(*args, **kwargs):
+    seen["at_destroy"] = native_threads()
+    destroy(*args, **kwargs)
+
+torch.distributed.destroy_process_group = destroy_process_group
+script.main(sys.argv[3:])
+report = {**seen, "after_main": native_threads()}
+(Path(sys.argv[2]) / f"threads_rank{os.environ['RANK']}.json").write_text(json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
+def test_fsdp2_run_joins_the_gloo_threads_before_the_interpreter_exits(tmp_path):
+    """Gloo's worker threads still running at interpreter exit can abort it ("terminate called without an active
+    exception"): under FSDP2 the mesh and DTensor's caches kept the group alive past `destroy_process_group`."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(THREADS_PROBE)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(free_port()), str(probe), str(SCRIPT), str(tmp_path), "--parallel", "fsdp2",
+        "--num-examples", "12", "--pack-len", str(PACK_LEN), "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--checkpoint-every", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "terminate called" not in done.stderr
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"threads_rank{rank}.json").read_text())
+        assert [name for name in report["at_destroy"] if "gloo" in name], f"rank {rank}: gloo's threads (named so) ran"
+        left = {name: n for name, n in report["after_main"].items() if "gloo" in name}
+        assert not left, f"rank {rank}: gloo threads still running after main returned: {left}"
