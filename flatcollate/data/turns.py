@@ -181,20 +181,20 @@ def _check_content_inside(text: str, messages: list[dict], start: int, end: int,
     )
 
 
-def _framed(text: str, message: dict, floor: int, generation_prompt: str, end_of_turn: str) -> tuple[int, int] | None:
-    """The cheap check, for a reply between the first and the last: plain text written as the generation prompt,
-    the content as given and the end of turn, first thing after the previous message. That is the span a
-    prefix-stable template's renders give; a reply that fails it (reasoning, tool calls, trimmed content, another
-    end of turn, a prompt the row does not keep) pays its renders."""
+def _framed(text: str, message: dict, floor: int, gap: str | None, end_of_turn: str) -> tuple[int, int] | None:
+    """The cheap check, for a reply between the first and the last after a user message: plain text written right at
+    `floor` (the end of the user message) as `gap` (what the template wrote between the first reply read off its
+    renders and the user message before it: end of turn and generation prompt), the content as given and the end of
+    turn. That is the span a prefix-stable template's renders give; a reply that fails it (reasoning, tool calls,
+    trimmed content, another end of turn, another header) pays its renders."""
     content = message.get("content")
-    if not (generation_prompt and end_of_turn and isinstance(content, str)):
+    if gap is None or not end_of_turn or not isinstance(content, str):
         return None
     if message.get("tool_calls") or any(message.get(f) for f in REASONING_FIELDS):
         return None
-    at = text.find(generation_prompt + content + end_of_turn, floor)
-    if at < 0 or text.find(generation_prompt, floor) != at:
+    if not text.startswith(gap + content + end_of_turn, floor):
         return None
-    start = at + len(generation_prompt)
+    start = floor + len(gap)
     return start, start + len(content) + len(end_of_turn)
 
 
@@ -236,15 +236,17 @@ def generated_spans(
     [[26, 40]]
     """
     spans, floor = [], 0
-    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    replies, gap = [i for i, m in enumerate(messages) if m["role"] == "assistant"], None
     # A pair of string renders per assistant message would cost the square of the chat's length (each render is the
-    # whole prefix): the first and last replies always pay them, those between only where the cheap check fails.
+    # whole prefix): the first reply after a user message and the last always pay them, others where the cheap
+    # check fails.
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             floor = _rendered_after(text, messages, i, floor, where)
             continue
-        framed = None if render_every_reply or i in (replies[0], replies[-1]) else _framed(
-            text, message, floor, generation_prompt, end_of_turn
+        after_user = i > 0 and messages[i - 1]["role"] == "user"
+        framed = None if render_every_reply or i == replies[-1] or not after_user else _framed(
+            text, message, floor, gap, end_of_turn
         )
         if framed is not None:
             spans.append(framed)
@@ -268,6 +270,8 @@ def generated_spans(
                 "*_training.jinja variants), split the conversation at this reply, or pass on_error='skip'.",
                 reason="template_rewrites_history",
             )
+        if gap is None and i > 0 and messages[i - 1]["role"] == "user":
+            gap = text[floor:start]  # learnt from the first reply after a user message, read off the renders
         _check_content_inside(text, messages, start, end, i, where)
         spans.append((start, end))
         floor = end
