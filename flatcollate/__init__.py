@@ -8,7 +8,7 @@ load torch. Importing `flatcollate.attention`, or using a name that needs it (`p
 registers the `flatcollate` attention backend with transformers.
 """
 
-import importlib
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -71,13 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name not in _SOURCES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
-    globals()[name] = value  # later lookups find it without this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES, __all__)

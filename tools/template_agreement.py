@@ -183,17 +183,8 @@ def compare(renderer: ChatRenderer, base: str, messages: list[dict], tools) -> t
         return "skipped", "base and training templates render differently"
     if isinstance(messages[0]["content"], str) and messages[0]["content"] not in text:
         return compare(renderer, base, as_parts(messages), tools)
-    from flatcollate.data.turns import generated_spans
-
     try:
-        ours = generated_spans(
-            text,
-            messages,
-            render=renderer.prefix_renderer(messages, tools=tools),
-            generation_prompt=renderer.reply_prefix,
-            end_of_turn=renderer.reply_suffix,
-            where="row",
-        )
+        ours = renderer.generated_spans(text, messages, tools=tools, where="row")
     except RowError as err:
         refused = err.reason in ("template_drops_content", "template_splits_reply")
         return "refused" if refused else "differ", f"flatcollate refuses: {err}"[:200]

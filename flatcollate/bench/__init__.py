@@ -3,7 +3,7 @@
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch.
 """
 
-import importlib
+from .._lazy import lazy_exports
 
 _SOURCES = {
     "MODES": "config",
@@ -39,13 +39,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name not in _SOURCES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
-    globals()[name] = value  # later lookups find it without this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES, __all__)

@@ -127,6 +127,17 @@ class ChatRenderer:
 
         return render
 
+    def generated_spans(self, text: str, messages: list[dict], *, tools=None, where: str) -> list[tuple[int, int]]:
+        """The character spans of `text` (the row's render) that the model generates (`turns.generated_spans`)."""
+        return generated_spans(
+            text,
+            messages,
+            render=self.prefix_renderer(messages, tools=tools),
+            generation_prompt=self.reply_prefix,
+            end_of_turn=self.reply_suffix,
+            where=where,
+        )
+
     def _probe_content(self, text: str):
         """A probe message's content: plain text here; a processor's renderer gives a list of text parts."""
         return text
@@ -171,14 +182,7 @@ class ChatRenderer:
         except jinja2.TemplateError as err:
             message = f"{where}: the chat template rejected the conversation: {err}"
             raise RowError(message, reason="template_error") from err
-        spans = generated_spans(
-            text,
-            messages,
-            render=self.prefix_renderer(messages, tools=tools),
-            generation_prompt=self.reply_prefix,
-            end_of_turn=self.reply_suffix,
-            where=where,
-        )
+        spans = self.generated_spans(text, messages, tools=tools, where=where)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         mask = tokens_in_spans(offsets, spans)

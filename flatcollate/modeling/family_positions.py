@@ -17,7 +17,7 @@ import torch
 
 from .._conventions import CU_SEQLENS_DTYPE, FLASH_KWARG_KEYS
 from ..attention import ATTN_IMPLEMENTATION
-from ..attention.packed_segments import position_starts, segments_from_position_ids
+from ..attention.packed_segments import segments_from_position_ids
 
 
 def position_start(model: torch.nn.Module) -> tuple[int, int] | None:
@@ -81,7 +81,7 @@ def segment_kwargs(positions: torch.Tensor) -> dict:
     return dict(zip(FLASH_KWARG_KEYS, values, strict=True))
 
 
-def text_changes(model, arguments: dict, positions: torch.Tensor, *, derived: bool) -> dict:
+def text_changes(model, arguments: dict, positions: torch.Tensor, starts: torch.Tensor, *, derived: bool) -> dict:
     """What a flattened text batch runs with besides checked positions: positions numbered as the family numbers
     them (`family_positions`), and `cu_seq_lens` for attention layers that never see positions (`segment_kwargs`).
 
@@ -89,10 +89,10 @@ def text_changes(model, arguments: dict, positions: torch.Tensor, *, derived: bo
         model: the prepared top-level model.
         arguments (`dict`): the forward's arguments.
         positions (`torch.Tensor` of shape `(B, T)`, integer): the batch's text positions, checked.
+        starts (`torch.Tensor` of shape `(B * T,)`, bool): where sequences start (`position_starts(positions)`).
         derived (`bool`): the guard derived them from the boundaries (numbered from 0).
     """
     changes = {}
-    starts = position_starts(positions)
     renumbered = family_positions(model, arguments, positions, starts, derived=derived)
     if renumbered is not None:
         changes["position_ids"] = renumbered

@@ -168,8 +168,9 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
         text_positions is not None and is_flattened({**arguments, "position_ids": text_positions})
     )
     if flattened and shard is None and text_positions is not None and text_positions.dim() == 2:
-        changes.update(text_changes(model, arguments, text_positions, derived=position_ids is not None))
-        warn_masked_first_labels(model, arguments.get("labels"), position_starts(text_positions))
+        starts = position_starts(text_positions)
+        changes.update(text_changes(model, arguments, text_positions, starts, derived=position_ids is not None))
+        warn_masked_first_labels(model, arguments.get("labels"), starts)
     if flattened:
         changes.update(_multimodal_changes(model, arguments, text_positions))
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
