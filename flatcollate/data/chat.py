@@ -127,7 +127,7 @@ class ChatRenderer:
 
         return render
 
-    def generated_spans(self, text: str, messages: list[dict], *, tools=None, where: str) -> list[tuple[int, int]]:
+    def generated_spans(self, text: str, messages: list[dict], *, tools=None, where: str) -> np.ndarray:
         """The character spans of `text` (the row's render) that the model generates (`turns.generated_spans`)."""
         return generated_spans(
             text,
