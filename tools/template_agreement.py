@@ -1,14 +1,20 @@
 """Agreement of flatcollate's chat labels with the `{% generation %}` masks of TRL's training chat templates.
 
 For every `X_training.jinja` installed with `trl` whose base `X.jinja` renders the same text, conversations of four
-kinds (plain, system, reasoning, tool calling; built here, not tuned on) are labelled by flatcollate
+kinds (plain, system, reasoning, tool calling) are labelled by flatcollate
 (`flatcollate.data.turns`) and by the template's own markers (`return_assistant_tokens_mask`), compared by character.
 A conversation agrees when every character the two mark differently is whitespace, inside a special-token string
 (`<|im_end|>`, `<｜end▁of▁sentence｜>`, `<end_of_turn>`, ...) or inside a generation prompt (the header, which
 flatcollate leaves to the prompt: inference starts after it). A template that refuses a conversation, or whose base
 renders it differently, is counted as skipped.
 
-    python tools/template_agreement.py            # markdown table per kind, then every disagreement
+Two sets of conversations: `--data built` (default), a few conversations of each kind written here, and `--data
+shared`, real rows of `../shared/data`: HH-RLHF chats (plain; with a system prompt for system), GSM8K problems whose
+worked solution is the reply's `reasoning_content` (two problems per conversation), and Glaive function-calling chats
+turned into OpenAI `tools` / `tool_calls` / `tool` messages.
+
+    python tools/template_agreement.py                  # markdown table per kind, then every disagreement
+    python tools/template_agreement.py --data shared    # the same on real rows
 """
 
 import argparse
@@ -128,6 +134,63 @@ def conversations(kind: str) -> list[tuple[list[dict], list | None]]:
     return chats
 
 
+def shared_conversations(kind: str, data: Path, count: int) -> list[tuple[list[dict], list | None]]:
+    """`count` real conversations of one kind from the shared data folder, taken evenly through each file."""
+    datasets = data / "datasets"
+    if kind in ("plain", "system"):
+        lines = (datasets / "hh_rlhf_harmless_base_test_messages.jsonl").read_text().splitlines()
+        offset = 0 if kind == "plain" else 1  # other rows for each kind
+        rows = [json.loads(line)["messages"] for line in _evenly(lines, count, offset)]
+        head = [{"role": "system", "content": "You are a helpful and harmless assistant."}] if kind == "system" else []
+        return [([*head, *messages], None) for messages in rows]
+    if kind == "reasoning":
+        lines = (datasets / "gsm8k_train.jsonl").read_text().splitlines()
+        chats = []
+        for a, b in zip(*(_evenly(lines, count, offset) for offset in (0, 1)), strict=True):
+            messages = []
+            for problem in (json.loads(a), json.loads(b)):
+                work, answer = problem["answer"].rsplit("####", 1)
+                messages.append({"role": "user", "content": problem["question"]})
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": f"The answer is {answer.strip()}.",
+                        "reasoning_content": work.strip(),
+                    }
+                )
+            chats.append((messages, None))
+        return chats
+    rows = json.loads((datasets / "glaive_toolcall_en_demo.json").read_text())
+    calling = [row for row in rows if any(turn["from"] == "function_call" for turn in row["conversations"])]
+    # Arguments as a dict in even rows and as JSON text in odd ones (DeepSeek-V3's template takes only text).
+    return [_openai_tools_chat(row, as_string=k % 2 == 1) for k, row in enumerate(_evenly(calling, count, 0))]
+
+
+def _evenly(items: list, count: int, offset: int) -> list:
+    step = max(len(items) // count, 1)
+    return items[offset::step][:count]
+
+
+def _openai_tools_chat(row: dict, *, as_string: bool) -> tuple[list[dict], list]:
+    """A Glaive ShareGPT row as OpenAI messages: `function_call` -> an assistant `tool_calls` message (arguments a
+    dict or its JSON text), `observation` -> a `tool` message named after the call."""
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    messages, name = [], None
+    for turn in row["conversations"]:
+        if turn["from"] == "function_call":
+            call = json.loads(turn["value"])
+            name = call["name"]
+            messages.append(
+                {"role": "assistant", "content": "", "tool_calls": [_call(name, call["arguments"], as_string)]}
+            )
+        elif turn["from"] == "observation":
+            messages.append({"role": "tool", "name": name, "content": turn["value"]})
+        else:
+            messages.append({"role": roles[turn["from"]], "content": turn["value"]})
+    tools = [{"type": "function", "function": tool} for tool in json.loads(row["tools"])]
+    return messages, tools
+
+
 def template_pairs(directory: Path) -> list[tuple[str, str, str]]:
     """`(name, base, training)` for every `*_training.jinja` with its base template next to it."""
     pairs = []
@@ -200,16 +263,22 @@ def compare(renderer: ChatRenderer, base: str, messages: list[dict], tools) -> t
     return "differ", f"{bad.size} chars, first marked by {side} only: {text[a:b]!r}"
 
 
-def measure(tokenizer, directory: Path, names: list[str] | None = None) -> dict:
-    """`{kind: Counter(agree=, differ=, skipped=)}` and the list of disagreements."""
+def measure(
+    tokenizer, directory: Path, names: list[str] | None = None, *, shared: Path | None = None, count: int = 24
+) -> dict:
+    """`{kind: Counter(agree=, differ=, refused=, skipped=)}` and the list of disagreements; with `shared` (the shared
+    data folder), on `count` real conversations of each kind instead of the built ones."""
     counts = {kind: Counter() for kind in KINDS}
+    chats = {
+        kind: conversations(kind) if shared is None else shared_conversations(kind, shared, count) for kind in KINDS
+    }
     details = []
     for name, base, training in template_pairs(directory):
         if names is not None and name not in names:
             continue
         renderer = ChatRenderer(tokenizer, chat_template=training)
         for kind in KINDS:
-            for k, (messages, tools) in enumerate(conversations(kind)):
+            for k, (messages, tools) in enumerate(chats[kind]):
                 outcome, detail = compare(renderer, base, messages, tools)
                 counts[kind][outcome] += 1
                 if outcome != "agree":
@@ -223,8 +292,17 @@ def main(argv=None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", default="../shared/data/tokenizers/qwen2.5-instruct")
+    parser.add_argument("--data", choices=("built", "shared"), default="built", help="conversations to compare")
+    parser.add_argument("--shared-dir", type=Path, default=Path("../shared/data"))
+    parser.add_argument("--count", type=int, default=24, help="real conversations per kind (--data shared)")
     args = parser.parse_args(argv)
-    result = measure(AutoTokenizer.from_pretrained(args.tokenizer), Path(trl.__file__).parent / "chat_templates")
+    shared = args.shared_dir if args.data == "shared" else None
+    result = measure(
+        AutoTokenizer.from_pretrained(args.tokenizer),
+        Path(trl.__file__).parent / "chat_templates",
+        shared=shared,
+        count=args.count,
+    )
     print("| kind | agree | differ | refused (template drops or splits a message) | skipped | agreement |")
     print("|---|---|---|---|---|---|")
     for kind, c in result["counts"].items():

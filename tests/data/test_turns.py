@@ -163,6 +163,28 @@ def test_labels_agree_with_every_trl_training_template(qwen):
     }
 
 
+def test_labels_agree_with_every_trl_training_template_on_real_rows(qwen, shared_data, monkeypatch):
+    """Held out: real HH-RLHF chats (plain, with a system prompt), GSM8K solutions as `reasoning_content` and Glaive
+    function calls as OpenAI `tool_calls`, 24 of each, none looked at while writing the label rule (docs/data.md).
+    Negative control: spans that start two characters late disagree."""
+    tool = _agreement_tool()
+    result = tool.measure(qwen, TEMPLATES, shared=shared_data)
+    for kind, counts in result["counts"].items():
+        compared = counts["agree"] + counts["differ"]
+        assert compared >= 200 and counts["agree"] / compared >= 0.98, (kind, counts, result["details"][:5])
+        assert counts["differ"] == 0, [d for d in result["details"] if d[3] == "differ"][:5]
+    assert {name for name, _, _, outcome, _ in result["details"] if outcome == "refused"} <= {"phi3", "phi3_5"}
+
+    generated_spans = tool.ChatRenderer.generated_spans
+
+    def late(self, *args, **kwargs):
+        return [(start + 2, end) for start, end in generated_spans(self, *args, **kwargs)]
+
+    monkeypatch.setattr(tool.ChatRenderer, "generated_spans", late)
+    shifted = tool.measure(qwen, TEMPLATES, ["qwen2_5", "gemma3"], shared=shared_data, count=4)["counts"]
+    assert shifted["plain"]["differ"] == shifted["plain"]["agree"] + shifted["plain"]["differ"] > 0, shifted
+
+
 def _hh_chain(shared_data, count: int) -> list[dict]:
     messages = []
     with open(shared_data / "datasets" / "hh_rlhf_harmless_base_test_messages.jsonl") as f:
