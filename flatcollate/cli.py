@@ -16,7 +16,7 @@ from typing import NoReturn
 from . import __version__
 
 # Each module here exposes `register_cli(subparsers)`, which adds its sub-parser and sets `func=` on it.
-_COMMANDS: tuple[str, ...] = ("flatcollate.check_cli", "flatcollate.bench.cli")
+_COMMANDS: tuple[str, ...] = ("flatcollate.check.cli", "flatcollate.bench.cli")
 
 
 class UsageError(ValueError):

@@ -4,7 +4,7 @@ import pytest
 
 from flatcollate.attention import dispatch
 from flatcollate.check import check_model
-from flatcollate.check_lengths import SHRUNK_WINDOW, plan_check
+from flatcollate.check.lengths import SHRUNK_WINDOW, plan_check
 from flatcollate.models import tiny_config
 
 

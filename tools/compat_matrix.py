@@ -8,7 +8,7 @@ offline and `flatcollate.check.check_model` compares a flattened row with the se
     python tools/compat_matrix.py --output docs/compatibility.md --json benchmarks/results/compat_matrix.json
 
 With `--architectures image-text-to-text`, every `model_type` of `MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES` is
-checked with images instead (`flatcollate.vision.check`: the family's tiny recipe, examples with 1, 2 and 0 images,
+checked with images instead (`flatcollate.check.vision`: the family's tiny recipe, examples with 1, 2 and 0 images,
 vanilla `sdpa` and `flatcollate`), or listed with the reason it was not built; each kind rewrites only its own section
 of `--output`:
 
@@ -35,8 +35,8 @@ from transformers.models.auto.modeling_auto import (
 
 from flatcollate.attention import ATTN_IMPLEMENTATION
 from flatcollate.check import DEFAULT_BACKENDS, check_model
+from flatcollate.check.vision import GRADIENT_CONTROL, SHIFT_CONTROL, not_built_reason
 from flatcollate.models import tiny_config
-from flatcollate.vision.check import GRADIENT_CONTROL, SHIFT_CONTROL, not_built_reason
 
 IMAGE_TEXT_HEADING = "## Image-text-to-text architectures"
 """Heading of the image-text section of `--output`; the text section is everything before it."""
@@ -199,7 +199,7 @@ def to_markdown(rows: list[dict]) -> str:
         "1e-5 (the largest logit difference is in brackets). The lengths come from each config, as `flatcollate check`",
         "derives them: one sequence longer than every sliding window or attention chunk the config declares (windows",
         "longer than a CPU check reaches are shrunk to 64 tokens in the tiny copy), a length-1 sequence and an odd",
-        "length; soft-capping is set to bite (`flatcollate.check_lengths`). The lengths column lists them. `sdpa` and",
+        "length; soft-capping is set to bite (`flatcollate.check.lengths`). The lengths column lists them. `sdpa` and",
         "`eager` are transformers' own backends called as a trainer would (`use_cache=False`, no `attention_mask`);",
         "`flatcollate` is a model passed through `prepare_model_for_flattening` (packed backend, or patched mask",
         "builders for families whose layers do not use the attention interface). The per-sequence reference runs each",

@@ -12,7 +12,6 @@ import difflib
 import json
 import math
 import os
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ..cli import HelpFormatter, UsageError
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
 from .config import MAX_IMAGES, MODES, ThroughputConfig, available_profiles
+from .options import check_profile, check_writable
 
 TEXT_ONLY = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
 TEXT_ONLY |= {"attn": "--attn"}
@@ -194,7 +194,7 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
     output folder that cannot be written. Runs before any training."""
     import torch
 
-    from ..check_cli import validate_model_argument
+    from ..check.cli import validate_model_argument
 
     validate_model_argument(config.model)
     check_profile(config.profile)
@@ -206,16 +206,6 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
         )
     if out_dir is not None:
         check_writable(Path(out_dir))
-
-
-def check_profile(profile: str) -> None:
-    """Raise `UsageError` unless `profile` loads as a length profile (the message says what one is)."""
-    from .profiles import load_profile
-
-    try:
-        load_profile(profile)
-    except (ValueError, OSError) as error:
-        raise UsageError(f"--profile {profile}: {str(error).splitlines()[0]}") from None
 
 
 def _check_overrides(config: ThroughputConfig, keys: set[str]) -> None:
@@ -241,18 +231,6 @@ def _check_overrides(config: ThroughputConfig, keys: set[str]) -> None:
             raise UsageError(
                 f"--set {key}={json.dumps(value)}: {key} is a positive integer (the config has {current})."
             )
-
-
-def check_writable(out_dir: Path) -> None:
-    """Raise `UsageError` unless `out_dir` is (or can be created as) a folder this process can write files into."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out-dir {out_dir}: exists and is not a folder.")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as error:
-        raise UsageError(f"--out-dir {out_dir}: cannot write there ({error.strerror or error}).") from None
 
 
 def _command(args: argparse.Namespace) -> int:

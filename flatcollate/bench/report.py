@@ -38,8 +38,8 @@ def markdown_table(result: dict) -> str:
         cpu_text = f" {_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
         lines.append(
             f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} |{cpu_text} "
-            f"{row['seconds_per_step']['median']:.3f} | {_mib(row['peak_memory_bytes'])} "
-            f"| {_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
+            f"{row['seconds_per_step']['median']:.3f} | {format_mib(row['peak_memory_bytes'])} "
+            f"| {format_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
             f"| {row['steps_per_epoch']} |"
         )
     return "\n".join(lines) + "\n"
@@ -51,7 +51,8 @@ def setup_lines(result: dict) -> list[str]:
     device = "CPU" if env["device_type"] == "cpu" else "GPU"
     threads = f", {env['torch_threads']} torch thread(s) of {env['cpu_count']} cores" if device == "CPU" else ""
     lines = [
-        f"model {model['model_type']} ({'tiny' if config['tiny'] else 'full'} config: {_params(model)} parameters, "
+        f"model {model['model_type']} ({'tiny' if config['tiny'] else 'full'} config: "
+        f"{format_parameters(model)} parameters, "
         f"hidden {model['hidden_size']}, {model['num_hidden_layers']} layers), {config['dtype']}",
         f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
         f"max_length {config['max_length']}, {config['steps']} steps per pass, {config['repeats']} repeats "
@@ -169,7 +170,7 @@ def plot_throughput(result: dict, path: Path) -> None:
     config, model, env = result["config"], result["model"], result["environment"]
     device = f"CPU, {env['torch_threads']} thread(s)" if on_cpu else f"GPU {env['device']}"
     fig.suptitle(
-        f"{model['model_type']} {_params(model)} parameters · {device} · {config['dtype']} · "
+        f"{model['model_type']} {format_parameters(model)} parameters · {device} · {config['dtype']} · "
         f"profile {config['profile']} · batch {config['batch_size']}"
     )
     fig.tight_layout()
@@ -200,7 +201,8 @@ def _color(mode: str) -> str:
     return {"flattened": "tab:green", "packed": "tab:green", PEER_MODE: "tab:purple"}.get(mode, "tab:blue")
 
 
-def _params(model: dict) -> str:
+def format_parameters(model: dict) -> str:
+    """A model's parameter count, `"1.2M"` or `"7.62B"`."""
     count = model["parameters"]
     return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
 
@@ -209,5 +211,6 @@ def _ratio(spread: dict | None) -> str:
     return f"{spread['median']:.2f} ({spread['min']:.2f}-{spread['max']:.2f})" if spread else "-"
 
 
-def _mib(value: int | None) -> str:
+def format_mib(value: int | None) -> str:
+    """Bytes as whole MiB with thousands separators, `"n/a"` where memory was not measured."""
     return "n/a" if value is None else f"{value / 2**20:,.0f}"

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from ..cli import UsageError
-from .report import _mib, _params, headline_lines, markdown_table, plot_losses, plot_throughput
+from .options import check_profile, check_writable
+from .report import format_mib, format_parameters, headline_lines, markdown_table, plot_losses, plot_throughput
 from .vision import VISION_TEXT_MODEL, VisionBenchConfig, check_vision_config, run_vision_bench, vision_model_config
 
 VISION_REPORT_FILES = ("vision.json", "vision.md", "vision.png", "vision_loss_curves.png")
@@ -23,7 +24,7 @@ def setup_lines(result: dict) -> list[str]:
     threads = f", {env['torch_threads']} torch thread(s) of {env['cpu_count']} cores" if device == "CPU" else ""
     per_image = images["image_tokens_per_image"]
     return [
-        f"model {model['model_type']} ({_params(model)} parameters: text hidden {model['hidden_size']}, "
+        f"model {model['model_type']} ({format_parameters(model)} parameters: text hidden {model['hidden_size']}, "
         f"{model['num_hidden_layers']} layers; vision tower {model['vision_parameters']:,} parameters, width "
         f"{model['vision_hidden_size']}, {model['vision_layers']} layer(s)), random weights, {config['dtype']}",
         f"device {device} ({env['device']}){threads}; text profile {config['profile']} truncated to "
@@ -64,8 +65,8 @@ def vision_summary_text(result: dict) -> str:
     lines.append(
         f"optimizer steps per epoch: padded {modes['padded']['steps_per_epoch']}, flattened "
         f"{modes['flattened']['steps_per_epoch']}; peak memory (median) padded "
-        f"{_mib(modes['padded']['peak_memory_bytes'])} MiB, flattened {_mib(modes['flattened']['peak_memory_bytes'])} "
-        "MiB"
+        f"{format_mib(modes['padded']['peak_memory_bytes'])} MiB, flattened "
+        f"{format_mib(modes['flattened']['peak_memory_bytes'])} MiB"
     )
     diff = result["loss_equivalence"]["max_abs_loss_diff"]
     lines.append(f"loss curves padded vs flattened: max abs difference {diff:.2e}")
@@ -87,7 +88,6 @@ def write_vision_report(result: dict, out_dir: str | Path) -> list[Path]:
 def vision_config_from_args(args: argparse.Namespace) -> VisionBenchConfig:
     """`VisionBenchConfig` from parsed options; `UsageError` for an unknown `--set` key, a profile that does not load
     or a value the config refuses (`flatcollate.bench.cli` refuses the text-only options before)."""
-    from .cli import check_profile
 
     text_model = dict(VISION_TEXT_MODEL)
     for item in args.overrides:
@@ -126,7 +126,6 @@ def vision_config_from_args(args: argparse.Namespace) -> VisionBenchConfig:
 
 def run_vision_command(args: argparse.Namespace) -> int:
     """`flatcollate bench --vision`: check every option, run, print the summary, write the report."""
-    from .cli import check_writable
 
     config = vision_config_from_args(args)
     if config.device == "cuda" and not torch.cuda.is_available():

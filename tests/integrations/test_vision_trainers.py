@@ -31,9 +31,9 @@ from trl import SFTConfig, SFTTrainer
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import IMAGE_FIELDS
+from flatcollate.check.vision import exact_within
 from flatcollate.integrations.trl import FlatSFTTrainer
 from flatcollate.vision import VisionDataCollatorWithFlattening
-from flatcollate.vision.check import exact_within
 from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
 from flatcollate.vision.tiny import VOCAB_SIZE, tiny_vision_examples, tiny_vision_lm
 

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from flatcollate.check import _flattened_inputs
+from flatcollate.check.text import flattened_inputs
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
 
@@ -22,7 +22,7 @@ def _flat_and_alone(model, batch):
 
 @pytest.mark.parametrize("family", ["falcon", "bloom"])
 def test_prepared_model_exact_other_models_untouched(family):
-    batch = _flattened_inputs(LENGTHS, 256, seed=0)
+    batch = flattened_inputs(LENGTHS, 256, seed=0)
     prepared = prepare_model_for_flattening(tiny_causal_lm(family))
     assert prepared.config._attn_implementation != "flatcollate"  # its layers ignore the attention interface
     flat, alone = _flat_and_alone(prepared, batch)

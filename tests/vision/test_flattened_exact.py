@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from flatcollate import prepare_model_for_flattening
+from flatcollate.check.vision import exact_within
 from flatcollate.vision import VisionDataCollatorWithFlattening
-from flatcollate.vision.check import exact_within
 from flatcollate.vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift
 from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
 from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm

@@ -1,0 +1,30 @@
+"""`flatcollate check`: proof that a model is exact on flattened batches, per attention backend.
+
+- `model`: `check_model`, the entry point: text families (`text`) or image-text-to-text families (`vision`);
+- `runs`: the runs every check makes and the one per-backend comparison loop; `report`: verdicts and reports;
+- `lengths`: sequence lengths that reach every window a config declares;
+- `cli`: the `flatcollate check` command (builds its parser without importing torch).
+
+Imports run one way: `cli` -> `model` -> `text`, `vision` -> `runs`, `lengths` -> `report`. The check may import every
+other package of flatcollate (it proves them); none of them imports the check.
+
+Each public name is imported from its module on first use, so `flatcollate check --help` loads no torch.
+"""
+
+from .._lazy import lazy_exports
+
+_SOURCES = {
+    "BackendResult": "report",
+    "CheckReport": "report",
+    "DEFAULT_BACKENDS": "text",
+    "check_model": "model",
+    "exact_within": "vision",
+    "image_text_model_type": "vision",
+    "not_built_reason": "vision",
+    "plan_check": "lengths",
+}
+"""Public name -> the module that defines it."""
+
+__all__ = sorted(_SOURCES)
+
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES, __all__)
