@@ -2,7 +2,8 @@
 
 from .dart import make_supervised_dset
 from .dataset import PackedDataset, PackingStats, pack_dataset
-from .encode import Encoder, build_encoder
+from .encode import Encoder
+from .encoders import build_encoder
 from .packing import pack_lengths, split_lengths
 from .prompt_templates import BUILTIN_TEMPLATES, load_template
 from .row_errors import RowError, SkippedRow

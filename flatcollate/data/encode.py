@@ -25,7 +25,7 @@ import numpy as np
 from .._conventions import IGNORE_INDEX
 from .chat import ChatRenderer, check_messages, sharegpt_to_messages
 from .prompt_templates import load_template, render_prompt
-from .row_errors import RowError, RowTypeError, SkippedRow, check_on_error
+from .row_errors import RowError, RowTypeError, SkippedRow
 from .spans import tokens_in_spans
 
 FORMATS = ("auto", "instruction", "prompt_completion", "messages", "sharegpt")
@@ -165,77 +165,9 @@ class Encoder:
             return SkippedRow(index, err.reason, str(err))
 
 
-def build_encoder(
-    tokenizer,
-    *,
-    format: str = "auto",
-    template: str | dict = "alpaca",
-    chat_template: str | None = None,
-    chat_template_kwargs: dict | None = None,
-    add_eos: bool = True,
-    on_error: str = "raise",
-    processor_kwargs: dict | None = None,
-    **fields: str,
-) -> Encoder:
-    """A picklable per-example encoder.
+def __getattr__(name: str):
+    if name == "build_encoder":  # moved to `flatcollate.data.encoders`, which builds image-text encoders too
+        from .._lazy import moved_module
 
-    Every format renders the whole example to one text, tokenizes it once with character offsets, and trains the
-    tokens that overlap the answer (see `flatcollate.data.spans` for the rule), so `input_ids` are the tokenization
-    of the whole text: exactly `apply_chat_template(tokenize=True)` for conversations.
-
-    Args:
-        tokenizer (`PreTrainedTokenizerFast` or `ProcessorMixin`): fast (character offsets are needed). A processor
-            with an image processor gives a `VisionEncoder`: `"messages"` rows may then hold images
-            (`flatcollate.data.vision_encode`).
-        format (`str`, *optional*, defaults to `"auto"`): one of `"auto"`, `"instruction"`, `"prompt_completion"`,
-            `"messages"`, `"sharegpt"`.
-        template (`str` or `dict`, *optional*, defaults to `"alpaca"`): prompt template for `"instruction"` rows (see
-            `flatcollate.data.prompt_templates`).
-        chat_template (`str`, *optional*): Jinja chat template replacing the tokenizer's.
-        chat_template_kwargs (`dict`, *optional*): extra template variables, e.g. `{"date_string": "26 Jul 2024"}`.
-        add_eos (`bool`, *optional*, defaults to `True`): end text answers with the EOS token (trained on).
-        on_error (`str`, *optional*, defaults to `"raise"`): `"raise"` a `RowError` for a row that cannot be
-            encoded, or `"skip"`: return a `SkippedRow(index, reason, message)` for it.
-        processor_kwargs (`dict`, *optional*): with a processor, extra arguments of its call, e.g.
-            `{"size": {"shortest_edge": 56 * 56, "longest_edge": 512 * 28 * 28}}` for Qwen2-VL.
-        **fields: `query_field`, `resp_field`, `input_field`, `prompt_field`, `completion_field`, `messages_field`,
-            `conversations_field`, `tools_field`, and with a processor `images_field`.
-
-    Returns:
-        `Encoder`: `encoder(example, index=None)` -> `{"input_ids": list[int], "labels": list[int]}` or `SkippedRow`.
-    """
-    processor, cls, chat_class = None, Encoder, ChatRenderer
-    if getattr(tokenizer, "image_processor", None) is not None:
-        # Imported here: vision_encode builds on this module's Encoder.
-        from .vision_encode import ProcessorChatRenderer, VisionEncoder
-
-        processor, tokenizer, cls, chat_class = tokenizer, tokenizer.tokenizer, VisionEncoder, ProcessorChatRenderer
-    elif processor_kwargs is not None:
-        raise TypeError(f"processor_kwargs= applies to a processor, not to a {type(tokenizer).__name__}.")
-    if format not in FORMATS:
-        raise ValueError(f"format={format!r} is not one of {FORMATS}.")
-    check_on_error(on_error)
-    unknown = set(fields) - {f for f in cls.__dataclass_fields__ if f.endswith("_field")}
-    if unknown:
-        raise TypeError(f"unknown options {sorted(unknown)}; field options end in '_field'.")
-    if not getattr(tokenizer, "is_fast", False):
-        raise TypeError(
-            f"{type(tokenizer).__name__} is a slow tokenizer; labels are placed by character offsets, which need a "
-            "fast one: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
-        )
-    renders = tokenizer if processor is None else processor  # whose chat template renders the conversations
-    needs_chat = format in ("messages", "sharegpt") or (format == "auto" and (chat_template or renders.chat_template))
-    chat = None
-    if needs_chat:
-        chat = chat_class(renders, chat_template=chat_template, template_kwargs=chat_template_kwargs)
-    extra = {} if processor is None else {"processor": processor, "processor_kwargs": dict(processor_kwargs or {})}
-    return cls(
-        tokenizer,
-        format=format,
-        template=load_template(template),
-        add_eos=add_eos,
-        on_error=on_error,
-        chat=chat,
-        **extra,
-        **fields,
-    )
+        return moved_module(f"{__name__}.build_encoder", "flatcollate.data.encoders")(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
-from .encode import build_encoder
+from .encoders import build_encoder
 from .fingerprint import encoder_fingerprint, image_files_fingerprint
 from .images import image_paths
 from .row_errors import SkippedRow

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from flatcollate.data.encode import build_encoder
+from flatcollate.data.encoders import build_encoder
 from flatcollate.data.prompt_templates import load_template, render_prompt
 
 from .label_runs import trained_runs

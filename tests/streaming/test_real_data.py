@@ -60,7 +60,7 @@ def test_real_rows_pack_intact_and_resume_exactly(gsm8k_rows, encode):
 def test_build_encoder_streams_with_workers_and_resumes(gsm8k_rows, tokenizer_dir):
     """The data pipeline's picklable encoder, run inside two DataLoader workers."""
     transformers = pytest.importorskip("transformers")
-    from flatcollate.data.encode import build_encoder
+    from flatcollate.data.encoders import build_encoder
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir("gpt2"))
     encoder = build_encoder(tokenizer, format="instruction", query_field="question", resp_field="answer")
