@@ -36,3 +36,7 @@ IMAGE_FIELDS = (
 )
 """Per-image (per-video, per-feature, per-example) fields of vision-language processors: `flatcollate.vision`
 concatenates them in example order; the text collators refuse them rather than drop them."""
+
+TOKEN_TYPE_FIELDS = ("mm_token_type_ids", "token_type_ids")
+"""Per-token fields beside `input_ids` that tell image tokens from text: concatenated like `input_ids`, 0 (text) on
+padding."""

@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
 from ..modeling.prepare import prepare_model_for_flattening
+from ..models.vision import tiny_vision_config
 from ..vision import VisionDataCollatorWithFlattening
-from ..vision.tiny import tiny_vision_config
 from .config import MAX_IMAGES
 from .memory import PeakMemory
 from .profiles import load_profile, padded_fill

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 from .._conventions import IGNORE_INDEX
-from ..vision.tiny import TEXT_IDS
+from ..models.vision import TEXT_IDS
 from .batches import SyntheticSequences, synthetic_sequences
 from .profiles import LengthProfile
 

@@ -28,12 +28,11 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-from .._conventions import IGNORE_INDEX
+from .._conventions import IGNORE_INDEX, TOKEN_TYPE_FIELDS
 from ..attention import ATTN_IMPLEMENTATION
+from ..models.vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
 from ..vision.collate import VisionDataCollatorWithFlattening
 from ..vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift, unused_by_design
-from ..vision.layouts import TOKEN_TYPE_FIELDS
-from ..vision.tiny import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
 from .report import BackendResult, CheckReport
 from .runs import compare_backends, gradients, token_losses
 

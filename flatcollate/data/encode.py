@@ -3,7 +3,9 @@
 Formats (`format=`):
 
 - `"instruction"`: `query_field` (+ optional `input_field`) through a prompt template, `resp_field` as the answer;
-- `"prompt_completion"`: `prompt_field` and `completion_field` as plain text;
+- `"prompt_completion"`: `prompt_field` and `completion_field` as plain text, or both as lists of messages (TRL's
+  conversational prompt/completion: rendered as one conversation, of which the replies in the completion are
+  trained);
 - `"messages"`: `messages_field` holds `[{"role", "content"}]` (with `tool_calls`, `reasoning_content`, content
   parts: `flatcollate.data.messages`) and `tools_field` an optional tool list, rendered with the chat template;
 - `"sharegpt"`: `conversations_field` holds `[{"from", "value"}]` (and `tools_field` an optional JSON tool list);
@@ -13,13 +15,15 @@ Formats (`format=`):
 Each example is rendered to one text and tokenized once with character offsets; the tokens overlapping the answer
 (the completion, or what the model generates for each assistant message: `flatcollate.data.turns`) are trained, the
 others get label -100 (rule and picture in `flatcollate.data.spans`). Text formats end the answer with the EOS token
-so the model learns to stop. A row that cannot be encoded raises `RowError` naming the row, the field and the fix,
-or, with `on_error="skip"`, comes back as a `SkippedRow` carrying the reason.
+so the model learns to stop. `train_on_prompt=True` trains every token instead (labels equal `input_ids`), as TRL's
+`completion_only_loss=False` and `assistant_only_loss=False` do. A row that cannot be encoded raises `RowError`
+naming the row, the field and the fix, or, with `on_error="skip"`, comes back as a `SkippedRow` carrying the reason.
 """
 
 import json
 from dataclasses import dataclass, field
 
+import jinja2
 import numpy as np
 
 from .._conventions import IGNORE_INDEX
@@ -48,6 +52,7 @@ class Encoder:
     conversations_field: str = "conversations"
     tools_field: str = "tools"
     add_eos: bool = True
+    train_on_prompt: bool = False
     on_error: str = "raise"
     chat: ChatRenderer | None = None
 
@@ -102,19 +107,60 @@ class Encoder:
             else:
                 ids.append(eos)
                 trained = np.append(trained, True)
-        labels = np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
+        labels = np.where(trained | self.train_on_prompt, np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
         return {"input_ids": ids, "labels": labels.tolist()}
 
-    def _chat(self, messages: list[dict], tools, where: str) -> dict:
+    def _chat(self, messages: list[dict], tools, where: str, *, prompt_messages: int = 0) -> dict:
+        """Encode a conversation, training what the model generates for the assistant messages from index
+        `prompt_messages` on (the messages before it are the prompt of a conversational prompt/completion row)."""
         if self.chat is None:
             raise RowError(
                 f"{where} is a conversation but the tokenizer has no chat template; pass chat_template=... to "
                 "build_encoder.",
                 reason="no_chat_template",
             )
-        ids, mask = self.chat.encode(check_messages(messages, where=where), tools=tools, where=where)
-        labels = np.where(mask, np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
+        messages = check_messages(messages, where=where)
+        if prompt_messages:
+            ids, mask = self._completion_replies(messages, prompt_messages, tools, where)
+        else:
+            ids, mask = self.chat.encode(messages, tools=tools, where=where)
+        labels = np.where(mask | self.train_on_prompt, np.asarray(ids, dtype=np.int64), IGNORE_INDEX)
         return {"input_ids": list(ids), "labels": labels.tolist()}
+
+    def _completion_replies(self, messages: list[dict], first: int, tools, where: str) -> tuple[list[int], np.ndarray]:
+        """`ChatRenderer.encode` training only the replies at message index `first` and later.
+
+        Returns:
+            `(input_ids, mask)`: `list[int]` of length `T` (`apply_chat_template(tokenize=True)`) and `(T,)` bool.
+        """
+        try:
+            text = self.chat.render(messages, tools=tools)
+        except jinja2.TemplateError as err:
+            message = f"{where}: the chat template rejected the conversation: {err}"
+            raise RowError(message, reason="template_error") from err
+        spans = self.chat.generated_spans(text, messages, tools=tools, where=where)  # one per assistant message
+        replies = np.flatnonzero([message["role"] == "assistant" for message in messages])
+        encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        mask = tokens_in_spans(offsets, spans[replies >= first])
+        if not mask.any():
+            raise RowError(f"{where}: the completion's replies render no tokens.", reason="nothing_to_train")
+        return encoding["input_ids"], mask
+
+    def _chat_prompt_completion(self, example: dict, prompt: list, where: str) -> dict:
+        """TRL's conversational prompt/completion row: `prompt + completion` rendered as one conversation, whose
+        replies in `completion` are trained (those in `prompt` are context, as TRL's `completion_only_loss` has it)."""
+        key = self.completion_field
+        completion = self._field(example, key, where)
+        if not isinstance(completion, list):
+            raise RowTypeError(
+                f"{where}: field {self.prompt_field!r} is a list of messages, so field {key!r} must be one too, got "
+                f"{type(completion).__name__} {completion!r:.60}."
+            )
+        if not completion:
+            raise RowError(f"{where}: field {key!r} is empty.", reason="empty_field")
+        at = f"{where}: fields {self.prompt_field!r} + {key!r}"
+        return self._chat([*prompt, *completion], self._tools(example, where), at, prompt_messages=len(prompt))
 
     def encode(self, example: dict, index: int | None = None) -> dict:
         """Like calling the encoder, but always raises `RowError` for a bad row."""
@@ -129,6 +175,8 @@ class Encoder:
             prompt = render_prompt(self.template, query, input_text)
             return self._text_pair(prompt, self._text(example, self.resp_field, where))
         if fmt == "prompt_completion":
+            if isinstance(self._field(example, self.prompt_field, where), list):
+                return self._chat_prompt_completion(example, example[self.prompt_field], where)
             prompt = self._text(example, self.prompt_field, where)
             return self._text_pair(prompt, self._text(example, self.completion_field, where))
         if fmt == "messages":

@@ -16,6 +16,7 @@ def build_encoder(
     chat_template: str | None = None,
     chat_template_kwargs: dict | None = None,
     add_eos: bool = True,
+    train_on_prompt: bool = False,
     on_error: str = "raise",
     processor_kwargs: dict | None = None,
     **fields: str,
@@ -30,13 +31,17 @@ def build_encoder(
         tokenizer (`PreTrainedTokenizerFast` or `ProcessorMixin`): fast (character offsets are needed). A processor
             with an image processor gives a `VisionEncoder`: `"messages"` rows may then hold images
             (`flatcollate.data.vision_encode`).
-        format (`str`, *optional*, defaults to `"auto"`): one of `"auto"`, `"instruction"`, `"prompt_completion"`,
-            `"messages"`, `"sharegpt"`.
+        format (`str`, *optional*, defaults to `"auto"`): one of `"auto"`, `"instruction"`, `"prompt_completion"`
+            (text, or TRL's conversational prompt/completion: both fields lists of messages), `"messages"`,
+            `"sharegpt"`.
         template (`str` or `dict`, *optional*, defaults to `"alpaca"`): prompt template for `"instruction"` rows (see
             `flatcollate.data.prompt_templates`).
         chat_template (`str`, *optional*): Jinja chat template replacing the tokenizer's.
         chat_template_kwargs (`dict`, *optional*): extra template variables, e.g. `{"date_string": "26 Jul 2024"}`.
         add_eos (`bool`, *optional*, defaults to `True`): end text answers with the EOS token (trained on).
+        train_on_prompt (`bool`, *optional*, defaults to `False`): train every token, the prompt's too (labels equal
+            `input_ids`): TRL's `completion_only_loss=False` for prompt/completion rows, `assistant_only_loss=False`
+            for conversations. Rows are checked as without it. Text rows only with a processor.
         on_error (`str`, *optional*, defaults to `"raise"`): `"raise"` a `RowError` for a row that cannot be
             encoded, or `"skip"`: return a `SkippedRow(index, reason, message)` for it.
         processor_kwargs (`dict`, *optional*): with a processor, extra arguments of its call, e.g.
@@ -52,6 +57,11 @@ def build_encoder(
         processor, tokenizer, cls, chat_class = tokenizer, tokenizer.tokenizer, VisionEncoder, ProcessorChatRenderer
     elif processor_kwargs is not None:
         raise TypeError(f"processor_kwargs= applies to a processor, not to a {type(tokenizer).__name__}.")
+    if processor is not None and train_on_prompt:
+        raise ValueError(
+            "train_on_prompt=True would train the image placeholder tokens of image-text rows; pass the processor's "
+            "tokenizer for text rows, or leave train_on_prompt=False."
+        )
     if format not in FORMATS:
         raise ValueError(f"format={format!r} is not one of {FORMATS}.")
     check_on_error(on_error)
@@ -64,7 +74,8 @@ def build_encoder(
             "fast one: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
         )
     renders = tokenizer if processor is None else processor  # whose chat template renders the conversations
-    needs_chat = format in ("messages", "sharegpt") or (format == "auto" and (chat_template or renders.chat_template))
+    has_template = bool(chat_template or renders.chat_template)  # prompt/completion rows may be conversations
+    needs_chat = format in ("messages", "sharegpt") or (format in ("auto", "prompt_completion") and has_template)
     chat = None
     if needs_chat:
         chat = chat_class(renders, chat_template=chat_template, template_kwargs=chat_template_kwargs)
@@ -74,6 +85,7 @@ def build_encoder(
         format=format,
         template=load_template(template),
         add_eos=add_eos,
+        train_on_prompt=train_on_prompt,
         on_error=on_error,
         chat=chat,
         **extra,

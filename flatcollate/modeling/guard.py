@@ -18,12 +18,12 @@ from transformers import PreTrainedModel
 from .._conventions import FLASH_KWARG_KEYS
 from ..attention.bidirectional_blocks import BLOCK_TOKEN_TYPE, BLOCKS_KEY, block_ids
 from ..attention.packed_segments import position_starts
-from ..vision.positions import checked_multimodal_positions, rope_index_of
-from ..vision.token_types import require_token_types
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
 from .families import row_length_limit
 from .family_positions import position_start, text_changes
 from .heads import warn_masked_first_labels
+from .multimodal_positions import checked_multimodal_positions, rope_index_of
+from .token_types import require_token_types
 
 GUARD_ATTRIBUTE = "_flatcollate_guard"
 

@@ -5,7 +5,7 @@ import warnings
 from transformers import PreTrainedModel
 
 from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
-from ..vision.composite import isolate_vision_towers, per_sub_config
+from .composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
 from .mask_patch import patch_mask_builders

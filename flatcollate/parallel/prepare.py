@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import PreTrainedModel
 
 from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, takes_packed_backend, unsupported_reason
-from ..vision.composite import text_config_key
+from ..modeling.composite import text_config_key
 from .attention import (
     SequenceParallelContext,
     attach_context,

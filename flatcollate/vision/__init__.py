@@ -1,14 +1,17 @@
 """Padding-free vision-language training: flattened image-text batches, per-sequence multimodal positions, and the
 composite-model handling `prepare_model_for_flattening` applies to image-text-to-text models."""
 
+from ..modeling.multimodal_positions import multimodal_position_ids
+from ..models.vision import tiny_vision_examples, tiny_vision_lm
 from .collate import VisionDataCollatorWithFlattening
 from .layouts import VisionLayout
-from .positions import multimodal_position_ids
-from .tiny import tiny_vision_examples, tiny_vision_lm
+from .processors import images_only, load_processor
 
 __all__ = [
     "VisionDataCollatorWithFlattening",
     "VisionLayout",
+    "images_only",
+    "load_processor",
     "multimodal_position_ids",
     "tiny_vision_examples",
     "tiny_vision_lm",

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._conventions import IMAGE_FIELDS
+from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ..collate.flattening import DataCollatorWithFlattening
+from ..modeling.token_types import check_example_token_types, token_types_read
 from .fields import check_fields, model_inputs
-from .layouts import TOKEN_TYPE_FIELDS, VisionLayout, expected_placeholders, image_count
-from .token_types import check_example_token_types, token_types_read
+from .layouts import VisionLayout, expected_placeholders, image_count
 
 
 class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._conventions import IMAGE_FIELDS
+from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ..collate._features import MASK_KEYS
-from .layouts import TOKEN_TYPE_FIELDS
 
 TEXT_FIELDS = ("input_ids", "labels", "seq_lengths", "position_ids", "attention_mask", *MASK_KEYS)
 """Fields the flattening of the text handles (`DataCollatorWithFlattening`)."""
@@ -33,7 +32,7 @@ RENAMED = {"pixel_values_images": "pixel_values", "image_patches": "pixel_values
 def model_inputs(model: torch.nn.Module) -> frozenset[str] | None:
     """The parameters of `model.forward` (a PEFT wrapper is read through), or None where it takes only `**kwargs`.
 
-    >>> from flatcollate.vision.tiny import tiny_vision_lm
+    >>> from flatcollate.models.vision import tiny_vision_lm
     >>> sorted(model_inputs(tiny_vision_lm("video_llama_3")) & {"image_merge_sizes", "pixel_values", "labels"})
     ['image_merge_sizes', 'labels', 'pixel_values']
     """

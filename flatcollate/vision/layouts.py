@@ -64,10 +64,6 @@ image; Pixtral-based Mistral 3 / Mistral Large 3: height and width; LFM2-VL: pat
 `pixel_attention_mask`); the model reads each image's real extent from `image_sizes` (`spatial_shapes`), so the
 collator pads the examples' images to a common shape the same way."""
 
-TOKEN_TYPE_FIELDS = ("mm_token_type_ids", "token_type_ids")
-"""Per-token fields beside `input_ids`: concatenated like `input_ids`, 0 (text) on padding."""
-
-
 @dataclass(frozen=True)
 class VisionLayout:
     """What the vision collator needs to know about a family.

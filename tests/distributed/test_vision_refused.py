@@ -5,7 +5,7 @@ import pytest
 import torch.distributed as dist
 
 from flatcollate import prepare_model_for_sequence_parallel
-from flatcollate.vision.tiny import tiny_vision_lm
+from flatcollate.models.vision import tiny_vision_lm
 
 needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs the gloo backend")
 

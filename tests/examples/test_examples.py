@@ -6,8 +6,11 @@ missing file or option fails here.
 
 import ast
 import importlib.util
+import json
 import math
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import warnings
@@ -122,12 +125,46 @@ def test_accelerate_example_runs_in_one_process_without_output(tmp_path):
     assert list(tmp_path.iterdir()) == []  # without --output nothing is written
 
 
+def _processor_named_in(out: str) -> str:
+    """The processor class the example's `data:` line names."""
+    (line,) = [line for line in out.splitlines() if line.startswith("data: ")]
+    return re.search(r"encoded by (\w+)", line).group(1)
+
+
 def test_vlm_example_encodes_conversations_with_a_processor(tokenizer_dir, monkeypatch, capsys):
     monkeypatch.setenv("FLATCOLLATE_SHARED_DATA", str(tokenizer_dir("qwen2.5-instruct").parents[1]))
-    result = load(ROOT / "examples" / "vlm_padding_free.py").main(SHORT)
-    assert result["data"] == "processor", capsys.readouterr().out
+    module = load(ROOT / "examples" / "vlm_padding_free.py")
+    result = module.main(SHORT)
+    out = capsys.readouterr().out
+    assert result["data"] == "processor", out
+    assert _processor_named_in(out) == "Qwen2_5_VLProcessor", out  # transformers' class, by its public name
+    assert not [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]  # no class
     assert result["optimizer_steps"] == 2  # 8 examples, batches of 4
     assert result["padding_efficiency"]["flattened"] == 1.0 > result["padding_efficiency"]["padded"]
+
+
+def test_vlm_example_reads_a_processor_from_a_local_directory(tokenizer_dir, tmp_path, monkeypatch, capsys):
+    """`--processor DIR`: a model directory's processor files, laid out as a Qwen2.5-VL snapshot holds them."""
+    module = load(ROOT / "examples" / "vlm_padding_free.py")
+    monkeypatch.setenv("FLATCOLLATE_SHARED_DATA", str(tmp_path / "none"))  # the directory is all it reads
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer_dir("qwen2.5-instruct") / name, tmp_path / name)
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": module.CHAT_TEMPLATE}))
+    preprocessor = {
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+    }
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+    result = module.main([*SHORT, "--processor", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert result["data"] == "processor" and f"load_processor({str(tmp_path)!r})" in out, out
+    assert _processor_named_in(out) == "Qwen2_5_VLProcessor", out
+    assert result["optimizer_steps"] == 2 and all(math.isfinite(loss) for loss in result["losses"])
 
 
 def test_vlm_example_runs_on_synthetic_rows_without_shared_data(tmp_path, monkeypatch, capsys):

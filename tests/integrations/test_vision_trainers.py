@@ -30,12 +30,11 @@ from transformers import (
 from trl import SFTConfig, SFTTrainer
 
 from flatcollate import prepare_model_for_flattening
-from flatcollate._conventions import IMAGE_FIELDS
+from flatcollate._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from flatcollate.check.vision import exact_within
 from flatcollate.integrations.trl import FlatSFTTrainer
+from flatcollate.models.vision import VOCAB_SIZE, tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
-from flatcollate.vision.layouts import TOKEN_TYPE_FIELDS
-from flatcollate.vision.tiny import VOCAB_SIZE, tiny_vision_examples, tiny_vision_lm
 
 from ..data.test_vision_encode import ImageOnlyQwen2VLProcessor
 from ..vision.test_flattened_exact import separate_run

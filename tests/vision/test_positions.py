@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from flatcollate import prepare_model_for_flattening
+from flatcollate.modeling.composite import TEXT_ROW_KEYS, vision_towers
+from flatcollate.modeling.multimodal_positions import rope_index_of
+from flatcollate.models.vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening, multimodal_position_ids
-from flatcollate.vision.composite import TEXT_ROW_KEYS, vision_towers
-from flatcollate.vision.positions import rope_index_of
-from flatcollate.vision.tiny import tiny_vision_examples, tiny_vision_lm
 
 from .test_flattened_exact import alone
 

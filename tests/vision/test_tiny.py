@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from flatcollate.models import tiny_config
-from flatcollate.vision.tiny import (
+from flatcollate.models.vision import (
     FAMILIES,
     LAYOUT_BASE,
     SPECIAL_BASE,

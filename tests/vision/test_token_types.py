@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from flatcollate import prepare_model_for_flattening
+from flatcollate.modeling.token_types import check_token_types, token_types_read
+from flatcollate.models.vision import FAMILIES, tiny_vision_config, tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
-from flatcollate.vision.tiny import FAMILIES, tiny_vision_config, tiny_vision_examples, tiny_vision_lm
-from flatcollate.vision.token_types import check_token_types, token_types_read
 
 MM_FAMILIES = [
     "cosmos3_edge",
