@@ -2,13 +2,18 @@
 
     python examples/vlm_padding_free.py                                     # 16 conversations, batches of 4
     python examples/vlm_padding_free.py --num-examples 32 --batch-size 8
+    python examples/vlm_padding_free.py --processor path/to/Qwen2.5-VL-3B-Instruct  # a local model's processor
 
 Rows are conversations (`messages` with `{"type": "image"}` parts) with generated images of random sizes (`images`),
 encoded by `make_supervised_dataset(processor, ...)`: one processor call per row expands each image into its
-placeholder tokens, and only the assistant replies are trained. The processor is built offline from the Qwen2.5
-tokenizer in the shared data (`$FLATCOLLATE_SHARED_DATA`, default `../shared/data` beside the checkout); without it,
-encoded rows from `flatcollate.vision.tiny_vision_examples` stand in, and the output says so. The model is built from
-a config (random weights, no download): 2 text layers of width 64 over the tokenizer's vocabulary, 1 vision layer.
+placeholder tokens, and only the assistant replies are trained. The processor is Qwen2.5-VL's, built offline from the
+Qwen2.5 tokenizer in the shared data (`$FLATCOLLATE_SHARED_DATA`, default `../shared/data` beside the checkout) and
+Qwen2-VL's image processor (which Qwen2.5-VL uses), by `flatcollate.vision.images_only(Qwen2_5_VLProcessor)`: the
+class without its video slot, whose processor needs torchvision. `--processor DIR` reads a local model directory's
+processor instead (`flatcollate.vision.load_processor`: transformers' own `AutoProcessor` where torchvision is
+installed). Without either, encoded rows from `flatcollate.vision.tiny_vision_examples` stand in, and the output says
+so. The model is built from a config (random weights, no download): 2 text layers of width 64 over the tokenizer's
+vocabulary, 1 vision layer.
 `prepare_model_for_flattening` gives its language model the packed backend and multimodal positions per sequence;
 `VisionDataCollatorWithFlattening.from_model(model)` turns each batch into one row, images in example order;
 `Trainer` keeps its default `remove_unused_columns=True` (a prepared model names every field the collator needs).
@@ -35,8 +40,14 @@ from transformers import (
 from flatcollate import prepare_model_for_flattening
 from flatcollate.bench.profiles import padded_fill
 from flatcollate.data import make_supervised_dataset
-from flatcollate.vision import VisionDataCollatorWithFlattening, tiny_vision_examples, tiny_vision_lm
-from flatcollate.vision.tiny import tiny_vision_config
+from flatcollate.models.vision import tiny_vision_config
+from flatcollate.vision import (
+    VisionDataCollatorWithFlattening,
+    images_only,
+    load_processor,
+    tiny_vision_examples,
+    tiny_vision_lm,
+)
 
 DEFAULT_SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template writes for each image part
@@ -62,19 +73,11 @@ CHAT_TEMPLATE = (  # ChatML, one IMAGE per {"type": "image"} part
 )
 
 
-class ImageProcessorOnly(Qwen2_5_VLProcessor):
-    """Qwen2.5-VL's processor without its video slot (whose processor needs torchvision)."""
-
-    @classmethod
-    def get_attributes(cls):
-        return ["image_processor", "tokenizer"]
-
-
 def qwen_processor(tokenizer_dir: Path) -> Qwen2_5_VLProcessor:
-    """Qwen2.5-VL's processor (14-pixel patches, 2 x 2 merge) with the Qwen2.5 tokenizer; images of at most 112 x 112
-    pixels, so each becomes at most 16 placeholder tokens."""
-    return ImageProcessorOnly(
-        image_processor=Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=112 * 112),
+    """Qwen2.5-VL's processor (14-pixel patches, 2 x 2 merge) with the Qwen2.5 tokenizer, without its video slot;
+    images of at most 112 x 112 pixels, so each becomes at most 16 placeholder tokens."""
+    return images_only(Qwen2_5_VLProcessor)(
+        image_processor=Qwen2VLImageProcessorPil(size={"shortest_edge": 28 * 28, "longest_edge": 112 * 112}),
         tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir),
         chat_template=CHAT_TEMPLATE,
     )
@@ -117,19 +120,24 @@ def conversation_rows(count: int, *, seed: int) -> datasets.Dataset:
     return datasets.Dataset.from_list(rows, features=ROW_FEATURES)
 
 
-def encoded_rows(count: int, *, seed: int, cache_dir: str):
-    """(model, encoded dataset, where the rows came from): the processor's encoding when the Qwen2.5 tokenizer is
-    there, else `tiny_vision_examples` on `tiny_vision_lm("qwen2_5_vl")`."""
+def encoded_rows(count: int, *, seed: int, cache_dir: str, processor_dir: str | None = None):
+    """(model, encoded dataset, where the rows came from): the processor's encoding (the one in `processor_dir`, else
+    the one built from the Qwen2.5 tokenizer when it is there), else `tiny_vision_examples` on
+    `tiny_vision_lm("qwen2_5_vl")`."""
     tokenizer_dir = Path(os.environ.get("FLATCOLLATE_SHARED_DATA", DEFAULT_SHARED)) / "tokenizers" / "qwen2.5-instruct"
-    if tokenizer_dir.is_dir():
-        processor = qwen_processor(tokenizer_dir)
+    if processor_dir is not None or tokenizer_dir.is_dir():
+        if processor_dir is not None:
+            processor, built = load_processor(processor_dir), f"load_processor({processor_dir!r})"
+            processor.chat_template = processor.chat_template or CHAT_TEMPLATE
+        else:
+            processor, built = qwen_processor(tokenizer_dir), "images_only(Qwen2_5_VLProcessor)"
         dataset = make_supervised_dataset(
             processor, conversation_rows(count, seed=seed), seed=seed, cache_dir=cache_dir
         )
         return (
             model_for(processor, seed=seed),
             dataset,
-            f"conversations with images, encoded by {processor.__class__.__name__}",
+            f"conversations with images, encoded by {type(processor).__name__} from {built}",
         )
     model = tiny_vision_lm("qwen2_5_vl", seed=seed)
     examples = tiny_vision_examples(model, count=count, seed=seed)
@@ -143,9 +151,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-examples", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--processor", default=None, help="a local model directory whose processor encodes the rows")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        model, dataset, source = encoded_rows(args.num_examples, seed=args.seed, cache_dir=f"{tmp}/cache")
+        model, dataset, source = encoded_rows(
+            args.num_examples, seed=args.seed, cache_dir=f"{tmp}/cache", processor_dir=args.processor
+        )
         print(f"data: {source}")
         dataset = dataset.with_format("torch")  # float32 pixels and int64 ids, as the processor returns them
         prepare_model_for_flattening(model)
