@@ -1,4 +1,7 @@
-"""Packed attention for flattened rows: the `flatcollate` backend, its kernels and boundary handling."""
+"""Packed attention for flattened rows: the `flatcollate` backend, its kernels and boundary handling.
+
+Imports from flatcollate: `_conventions`.
+"""
 
 from .dispatch import ATTN_IMPLEMENTATION, packed_attention_forward, register_packed_attention, select_kernel
 from .packed_segments import PackedSegments, segments_from_kwargs, segments_from_position_ids

@@ -1,6 +1,9 @@
 """Benchmarks of padding-free training: realistic length profiles, throughput and memory per collation mode.
 
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch.
+
+Imports from flatcollate: `flatcollate` (its version), `_conventions`, `_lazy`, `cli`, `attention`, `data`, `modeling`,
+`models`, `vision`, `check`.
 """
 
 from .._lazy import lazy_exports

@@ -9,6 +9,8 @@ Imports run one way: `cli` -> `model` -> `text`, `vision` -> `runs`, `lengths` -
 other package of flatcollate (it proves them); none of them imports the check.
 
 Each public name is imported from its module on first use, so `flatcollate check --help` loads no torch.
+
+Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `attention`, `modeling`, `models`, `vision`.
 """
 
 from .._lazy import lazy_exports

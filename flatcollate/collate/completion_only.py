@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
-from ._features import as_1d_ints, as_example, check_same_length, segment_lengths
+from .features import as_1d_ints, as_example, check_same_length, segment_lengths
 from .flattening import DataCollatorWithFlattening, flatten_features
 from .response_templates import (
     completion_mask_after_last,

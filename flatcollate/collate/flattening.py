@@ -16,7 +16,7 @@ from ..boundaries import (
     max_length,
     sequence_starts,
 )
-from ._features import (
+from .features import (
     MASK_KEYS,
     as_1d_ints,
     check_attention_mask,

@@ -1,4 +1,7 @@
-"""Data pipeline: raw examples to tokens and labels, bin packing, packed datasets and token-budget batches."""
+"""Data pipeline: raw examples to tokens and labels, bin packing, packed datasets and token-budget batches.
+
+Imports from flatcollate: `flatcollate` (its version), `_conventions`, `_lazy`, `collate`.
+"""
 
 from .dart import make_supervised_dset
 from .dataset import PackedDataset, PackingStats, pack_dataset

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._conventions import IGNORE_INDEX, IMAGE_FIELDS, NP_IDS_DTYPE
-from ..collate._features import MASK_KEYS
+from ..collate.features import MASK_KEYS
 
 
 def is_list(kind: pa.DataType) -> bool:

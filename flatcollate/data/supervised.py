@@ -21,10 +21,8 @@ import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
 from .encoders import build_encoder
-from .fingerprint import encoder_fingerprint, image_files_fingerprint
-from .images import image_paths
+from .fingerprint import encoder_fingerprint
 from .row_errors import SkippedRow
-from .vision_encode import VisionEncoder
 
 logger = logging.getLogger(__name__)
 _SHOWN = 5  # row indices and messages kept per skip reason
@@ -125,13 +123,6 @@ def _skip_stats(encoded: datasets.Dataset) -> tuple[EncodeStats, np.ndarray]:
     return EncodeStats(len(encoded), len(kept), dict(counts), first, messages), kept
 
 
-def _image_files_key(dataset: datasets.Dataset, encoder) -> str | None:
-    """The content of the image files the rows refer to by path (the dataset's fingerprint has only the paths)."""
-    if not isinstance(encoder, VisionEncoder) or encoder.images_field not in dataset.column_names:
-        return None
-    return image_files_fingerprint(image_paths(dataset.data.column(encoder.images_field)))
-
-
 def make_supervised_dataset(
     tokenizer,
     data,
@@ -176,7 +167,7 @@ def make_supervised_dataset(
     dataset = datasets.concatenate_datasets([load_source(s) for s in sources])
     encoder = build_encoder(tokenizer, on_error=on_error, **encoder_options)
     # A processor's encoder adds its per-token and vision fields; a row without them (no images) stores None.
-    extra = encoder.vision_features() if isinstance(encoder, VisionEncoder) else datasets.Features()
+    extra = datasets.Features(encoder.extra_features())
 
     def encode_batch(batch: dict, indices: list[int]) -> dict:
         rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
@@ -193,7 +184,7 @@ def make_supervised_dataset(
         }
 
     # Our own key also spares `datasets` from hashing the function, which pickles the whole tokenizer (seconds).
-    key = Hasher.hash([dataset._fingerprint, encoder_fingerprint(encoder), _image_files_key(dataset, encoder)])
+    key = Hasher.hash([dataset._fingerprint, encoder_fingerprint(encoder), encoder.files_key(dataset)])
     cache_file = None
     if cache_dir is not None:
         os.makedirs(cache_dir, exist_ok=True)

@@ -32,7 +32,8 @@ import PIL.Image
 from .._conventions import IGNORE_INDEX
 from .chat import ChatRenderer, check_messages
 from .encode import Encoder
-from .images import as_image_list, load_images
+from .fingerprint import image_files_fingerprint
+from .images import as_image_list, image_paths, load_images
 from .row_errors import RowError
 from .spans import reply_spans, tokens_in_spans
 
@@ -239,7 +240,13 @@ class VisionEncoder(Encoder):
         except ValueError as err:  # e.g. an image too narrow for the processor's patch grid
             raise RowError(f"{where}: the processor refused the row: {err}", reason="processor_error") from err
 
-    def vision_features(self) -> datasets.Features:
+    def files_key(self, dataset: datasets.Dataset) -> str | None:
+        """The content of the image files the rows refer to by path (the dataset's fingerprint has only the paths)."""
+        if self.images_field not in dataset.column_names:
+            return None
+        return image_files_fingerprint(image_paths(dataset.data.column(self.images_field)))
+
+    def extra_features(self) -> datasets.Features:
         """Column types of the outputs beyond `input_ids` and `labels`, for `datasets.map`: per-token fields as lists
         of int64, vision fields as nested lists of their dtype (one level per array dimension), from one probe call
         of the processor on a blank 64x64 image."""

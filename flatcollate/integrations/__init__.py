@@ -1,2 +1,5 @@
 """Glue for training libraries. Each submodule imports its library, so import the one you use:
-`from flatcollate.integrations.trl import FlatSFTTrainer`."""
+`from flatcollate.integrations.trl import FlatSFTTrainer`.
+
+Imports from flatcollate: `_conventions`, `collate`, `modeling`, `vision`.
+"""

@@ -15,7 +15,7 @@ from trl import SFTTrainer
 
 from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ..collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
-from ..collate._features import MASK_KEYS
+from ..collate.features import MASK_KEYS
 from ..modeling import prepare_model_for_flattening
 from ..vision import VisionDataCollatorWithFlattening
 

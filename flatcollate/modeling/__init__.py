@@ -1,4 +1,7 @@
-"""Making models safe for flattened batches: backend selection, family support, mask patches and the argument guard."""
+"""Making models safe for flattened batches: backend selection, family support, mask patches and the argument guard.
+
+Imports from flatcollate: `_conventions`, `boundaries`, `attention`.
+"""
 
 from .families import KEEP_OWN_BACKEND, UNSUPPORTED_FAMILIES, takes_packed_backend, unsupported_reason
 from .guard import install_guard, is_flattened

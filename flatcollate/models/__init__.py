@@ -6,6 +6,8 @@
 way: `vision` -> `vision_recipes`, `text`; this package imports nothing else of flatcollate.
 
 Each public name is imported from its module on first use.
+
+Imports from flatcollate: `_lazy`.
 """
 
 from .._lazy import lazy_exports

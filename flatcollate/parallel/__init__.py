@@ -1,5 +1,8 @@
 """Sequence parallelism (DeepSpeed-Ulysses style) for flattened rows: split a row over a group of ranks, exchange
-heads for tokens inside attention, and normalise the loss over the whole row."""
+heads for tokens inside attention, and normalise the loss over the whole row.
+
+Imports from flatcollate: `_conventions`, `boundaries`, `attention`, `collate`, `modeling`.
+"""
 
 from .attention import SP_ATTN_IMPLEMENTATION, SequenceParallelContext, sequence_parallel_attention_forward
 from .loss import count_shifted_items, sequence_parallel_loss

@@ -1,4 +1,7 @@
-"""Streaming packing: tokenize, shard and pack a stream on the fly, and resume it exactly."""
+"""Streaming packing: tokenize, shard and pack a stream on the fly, and resume it exactly.
+
+Imports from flatcollate: `_conventions`, `boundaries`, `collate`, `data`.
+"""
 
 from .bins import OnlineBins
 from .examples import encode_row, fit_to_pack

@@ -8,7 +8,7 @@ import torch
 
 from .._conventions import IGNORE_INDEX, IMAGE_FIELDS, NP_IDS_DTYPE
 from ..boundaries import position_ids_to_cu_seqlens
-from ..collate._features import MASK_KEYS, unknown_per_token_keys
+from ..collate.features import MASK_KEYS, unknown_per_token_keys
 from ..data.row_errors import SkippedRow
 
 Overlong = Literal["error", "split", "truncate"]

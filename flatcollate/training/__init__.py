@@ -1,4 +1,7 @@
-"""Training glue: loss normalization across accumulation steps and data-parallel ranks."""
+"""Training glue: loss normalization across accumulation steps and data-parallel ranks.
+
+Imports from flatcollate: `_conventions`.
+"""
 
 from .loss import (
     count_items,

@@ -1,5 +1,8 @@
 """Padding-free vision-language training: flattened image-text batches, per-sequence multimodal positions, and the
-composite-model handling `prepare_model_for_flattening` applies to image-text-to-text models."""
+composite-model handling `prepare_model_for_flattening` applies to image-text-to-text models.
+
+Imports from flatcollate: `_conventions`, `_lazy` (old paths), `collate`, `modeling`, `models`.
+"""
 
 from ..modeling.multimodal_positions import multimodal_position_ids
 from ..models.vision import tiny_vision_examples, tiny_vision_lm

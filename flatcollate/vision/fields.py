@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from ..collate._features import MASK_KEYS
+from ..collate.features import MASK_KEYS
 
 TEXT_FIELDS = ("input_ids", "labels", "seq_lengths", "position_ids", "attention_mask", *MASK_KEYS)
 """Fields the flattening of the text handles (`DataCollatorWithFlattening`)."""
