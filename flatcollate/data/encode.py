@@ -162,6 +162,16 @@ class Encoder:
         at = f"{where}: fields {self.prompt_field!r} + {key!r}"
         return self._chat([*prompt, *completion], self._tools(example, where), at, prompt_messages=len(prompt))
 
+    def extra_features(self) -> dict:
+        """Dataset features of the fields the encoder returns besides `input_ids` and `labels`: none for text rows (an
+        image-text encoder adds its per-token and vision fields)."""
+        return {}
+
+    def files_key(self, dataset) -> str | None:
+        """A key of the files the rows refer to by path, whose content a dataset's fingerprint does not see; None for
+        text rows (an image-text encoder keys its image files). Part of `make_supervised_dataset`'s cache key."""
+        return None
+
     def encode(self, example: dict, index: int | None = None) -> dict:
         """Like calling the encoder, but always raises `RowError` for a bad row."""
         where = f"row {index}" if index is not None else "example"
