@@ -223,3 +223,30 @@ def test_the_layout_test_sees_a_cycle_and_a_private_import(tmp_path):
     }
     assert cycles(edges) == [["flatcollate.a.x", "flatcollate.a.y"]]
     assert ("flatcollate.a.y", "_hidden") in imports("flatcollate.a.x", package / "a" / "x.py", known)
+
+
+def api_table() -> list[tuple[list[str], list[str]]]:
+    """`(names, home packages)` of every row of the README's API table."""
+    text = (ROOT.parent / "README.md").read_text()
+    table = text.split("## API", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in table.splitlines()[4:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) >= 3:
+            names = re.findall(r"`([\w.]+)", cells[0])
+            rows.append((names, re.findall(r"`(\w+)/`", cells[1])))
+    return rows
+
+
+def test_the_readme_api_table_names_the_home_of_each_name():
+    """Each name of the README's API table is defined in the first package its row names as home."""
+    rows = api_table()
+    assert len(rows) >= 10
+    for names, homes in rows:
+        assert homes, names
+        for name in names:
+            if name == "flatcollate":
+                continue  # the command: `flatcollate check`, `flatcollate bench`
+            where, _, attribute = name.removeprefix("flatcollate.").rpartition(".")
+            value = getattr(importlib.import_module(f"flatcollate.{where or homes[0]}"), attribute)
+            assert value.__module__.startswith(f"flatcollate.{homes[0]}"), (name, value.__module__, homes)
