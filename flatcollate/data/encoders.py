@@ -41,7 +41,8 @@ def build_encoder(
         add_eos (`bool`, *optional*, defaults to `True`): end text answers with the EOS token (trained on).
         train_on_prompt (`bool`, *optional*, defaults to `False`): train every token, the prompt's too (labels equal
             `input_ids`): TRL's `completion_only_loss=False` for prompt/completion rows, `assistant_only_loss=False`
-            for conversations. Rows are checked as without it. Text rows only with a processor.
+            for conversations. Rows are checked as without it. Refused with a processor (it would train image
+            placeholder tokens).
         on_error (`str`, *optional*, defaults to `"raise"`): `"raise"` a `RowError` for a row that cannot be
             encoded, or `"skip"`: return a `SkippedRow(index, reason, message)` for it.
         processor_kwargs (`dict`, *optional*): with a processor, extra arguments of its call, e.g.
