@@ -14,7 +14,7 @@ _SOURCES = {
     "SyntheticSequences": "batches",
     "step_batches": "batches",
     "synthetic_sequences": "batches",
-    "LengthProfile": "profiles",
+    "LengthProfile": "length_profile",
     "available_profiles": "profiles",
     "load_profile": "profiles",
     "padded_fill": "profiles",

@@ -24,7 +24,8 @@ import transformers
 
 from .._conventions import IGNORE_INDEX
 from .config import MODES, PEER_MODE
-from .profiles import LengthProfile, padded_fill
+from .length_profile import LengthProfile
+from .profiles import padded_fill
 
 __all__ = [
     "MODES",

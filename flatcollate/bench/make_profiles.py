@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .profiles import PROFILES_DIR, LengthProfile
+from .config import PROFILES_DIR
+from .length_profile import LengthProfile
 
 SOURCES = {
     "flan": "t0_mix_7k",

@@ -25,7 +25,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from .._conventions import IGNORE_INDEX
 from ..models.vision import TEXT_IDS
 from .batches import SyntheticSequences, synthetic_sequences
-from .profiles import LengthProfile
+from .length_profile import LengthProfile
 
 _PROCESSOR = Qwen2VLImageProcessorPil
 MIN_PIXELS: int = _PROCESSOR.size["shortest_edge"]
