@@ -4,6 +4,7 @@ Imports from flatcollate: `_conventions`, `boundaries`.
 """
 
 from .completion_only import DataCollatorForCompletionOnlyLM
-from .flattening import DataCollatorWithFlattening, flatten_features
+from .flatten import flatten_features
+from .flattening import DataCollatorWithFlattening
 
 __all__ = ["DataCollatorForCompletionOnlyLM", "DataCollatorWithFlattening", "flatten_features"]

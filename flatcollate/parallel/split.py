@@ -22,7 +22,8 @@ import torch
 
 from .._conventions import IDS_DTYPE, IGNORE_INDEX
 from ..boundaries import cu_seqlens_to_position_ids, max_length
-from ..collate.flattening import DataCollatorWithFlattening, pad_as_own_segment
+from ..collate.flattening import DataCollatorWithFlattening
+from ..collate.padding import pad_as_own_segment
 
 SPLIT_KEYS = ("input_ids", "position_ids", "shift_labels")
 """Per-token fields each rank gets its slice of, `(1, T / world_size)` int64."""
