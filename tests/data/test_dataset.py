@@ -379,7 +379,7 @@ def test_packed_fingerprint_comes_from_the_source_and_options_not_the_tokens(mon
 @pytest.mark.parametrize("lengths", [[1], [4096], [1, 1, 1], [3, 1, 7, 2, 2, 9], list(range(1, 40))])
 def test_restarting_positions_match_the_reference(lengths):
     from flatcollate.boundaries import cu_seqlens_to_position_ids
-    from flatcollate.data.dataset import _restarting_positions
+    from flatcollate.data.arrow_packing import _restarting_positions
 
     cu = np.concatenate([[0], np.cumsum(lengths)])
     expected = cu_seqlens_to_position_ids(cu)
