@@ -1,9 +1,11 @@
 """Tiny random models built offline from configs, the project's test and benchmark models: text causal LMs
 (`text`: any `model_type`, a config folder or a config, shrunk to a few layers) and image-text-to-text families
-(`vision`: one recipe per family in `vision_recipes`, with examples laid out as the family's processor lays them out).
+(`vision`: one recipe per family in `vision_recipes`, with examples laid out as the family's processor lays them out;
+a recipe picks its image fields from `vision_pixels` and its token blocks from `vision_blocks`).
 
 `flatcollate check`, the compatibility table, the benchmarks and the tests all build their models here. Imports run one
-way: `vision` -> `vision_recipes`, `text`; this package imports nothing else of flatcollate.
+way: `vision` -> `vision_recipes`, `vision_blocks`, `text`; `vision_recipes` -> `vision_pixels`, `vision_blocks`; this
+package imports nothing else of flatcollate.
 
 Each public name is imported from its module on first use.
 

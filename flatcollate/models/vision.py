@@ -19,7 +19,8 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
 from .text import tiny_config
-from .vision_recipes import FAMILIES, image_id, image_token_types
+from .vision_blocks import image_id, image_token_types
+from .vision_recipes import FAMILIES
 
 VOCAB_SIZE = 512
 TEXT_IDS = (3, 480)  # [low, high) range of random text tokens
