@@ -64,6 +64,7 @@ def images_only(processor_class: type) -> type:
     Raises:
         TypeError: `processor_class` is not a transformers processor class.
         ValueError: the class has no image processor.
+        ImportError: transformers has the class only with torchvision (Pixtral's, for Mistral 3).
 
     Example:
 
@@ -75,6 +76,11 @@ def images_only(processor_class: type) -> type:
     >>> images_only(LlavaProcessor) is LlavaProcessor  # no video slot
     True
     """
+    if getattr(processor_class, "is_dummy", False):  # transformers' stand-in for a class whose backend is missing
+        raise ImportError(
+            f"transformers has {processor_class.__name__} only with {', '.join(processor_class._backends)} installed, "
+            "video slot or not: pip install 'flatcollate[vision]' (torchvision built for the installed torch)."
+        )
     if not (isinstance(processor_class, type) and issubclass(processor_class, ProcessorMixin)):
         raise TypeError(
             f"images_only takes a transformers processor class such as Qwen2_5_VLProcessor, got {processor_class!r}."

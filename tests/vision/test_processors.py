@@ -24,6 +24,8 @@ from transformers import (
     LlavaProcessor,
     Qwen2_5_VLProcessor,
     Qwen2VLImageProcessorPil,
+    Qwen2VLProcessor,
+    Qwen3VLProcessor,
     Wav2Vec2Processor,
 )
 
@@ -187,8 +189,43 @@ def test_images_only_refuses_a_processor_without_images():
         images_only(Wav2Vec2Processor)
 
 
-def test_images_only_encodes_each_image_into_its_grid_of_placeholders(image_only_processor, images):
-    assert_encodes_as_reference(image_only_processor, images)
+@pytest.mark.parametrize(("processor_class", "patch"), [(Qwen2VLProcessor, 14), (Qwen3VLProcessor, 16)])
+def test_images_only_encodes_each_image_into_its_grid_of_placeholders(
+    image_only_processor, images, processor_class, patch
+):
+    assert_encodes_as_reference(image_only_processor, images)  # Qwen2.5-VL
+    processor = images_only(processor_class)(
+        image_processor=Qwen2VLImageProcessorPil(patch_size=patch), tokenizer=image_only_processor.tokenizer
+    )
+    assert_encodes_as_reference(processor, images)
+
+
+def test_images_only_drops_the_video_slot_of_every_image_text_processor():
+    """Every processor class of transformers' image-text-to-text families: the video slot goes, the rest stays."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    names = {PROCESSOR_MAPPING_NAMES.get(model_type) for model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES}
+    classes = [getattr(transformers, name) for name in sorted(names - {None}) if hasattr(transformers, name)]
+    with_video = [c for c in classes if not getattr(c, "is_dummy", False) and "video_processor" in c.get_attributes()]
+    assert Qwen2_5_VLProcessor in with_video and LlavaProcessor in classes and LlavaProcessor not in with_video
+    for cls in classes:
+        if getattr(cls, "is_dummy", False) or "image_processor" not in cls.get_attributes():
+            continue  # transformers' stand-in for a class that needs torchvision; or not an image processor
+        expected = [name for name in cls.get_attributes() if name != "video_processor"]
+        assert images_only(cls).get_attributes() == expected, cls.__name__
+        assert (images_only(cls) is cls) == (cls not in with_video), cls.__name__
+
+
+@without_torchvision
+def test_images_only_names_torchvision_where_transformers_has_no_class_without_it():
+    from transformers import PixtralProcessor  # Mistral 3's: a stand-in that raises on use without torchvision
+
+    with pytest.raises(
+        ImportError, match=r"PixtralProcessor only with torchvision.*pip install 'flatcollate\[vision\]'"
+    ):
+        images_only(PixtralProcessor)
 
 
 def test_images_only_refuses_videos(image_only_processor):
