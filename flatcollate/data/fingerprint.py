@@ -104,5 +104,9 @@ def encoder_fingerprint(encoder: Encoder) -> str:
     parts = [__version__, options, chat, tokenizer_fingerprint(encoder.tokenizer)]
     processor = getattr(encoder, "processor", None)
     if processor is not None:  # its class and settings (image processor, token counts); the tokenizer is above
-        parts.append([type(processor).__name__, processor.to_json_string()])
+        # The image processor's class too: a PIL and a torchvision image processor save the same settings under the
+        # same type name, and their pixel values differ.
+        image_processor = type(getattr(processor, "image_processor", None))
+        classes = [type(processor).__name__, f"{image_processor.__module__}.{image_processor.__qualname__}"]
+        parts.append([*classes, processor.to_json_string()])
     return Hasher.hash(parts)

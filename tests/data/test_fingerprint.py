@@ -113,3 +113,20 @@ def test_a_replaced_image_file_at_the_same_path_is_encoded_again(qwen2_vl, form,
     unchanged = make_supervised_dataset(qwen2_vl, dataset, seed=None, cache_dir=cache)
     assert unchanged.cache_files == again.cache_files, "the same file content reads the cache back"
     assert rows[0]["images"]  # the rows themselves never changed: only the file did
+
+
+def test_an_image_processor_of_another_class_with_the_same_settings_changes_the_cache_key(qwen2_vl):
+    """transformers' PIL and torchvision image processors save the same settings under one type name and give
+    different pixel values; the key holds the image processor's class (here a stand-in with the saved settings of
+    the PIL one)."""
+    from flatcollate.data.fingerprint import encoder_fingerprint
+
+    class SameSettings(Qwen2VLImageProcessorPil):
+        def to_dict(self):
+            return {**super().to_dict(), "image_processor_type": "Qwen2VLImageProcessor"}
+
+    other = copy.copy(qwen2_vl)
+    other.image_processor = SameSettings(**qwen2_vl.image_processor.to_dict())
+    other.image_processor.image_processor_type = "Qwen2VLImageProcessor"
+    assert other.to_json_string() == qwen2_vl.to_json_string()  # the settings alone cannot tell them apart
+    assert encoder_fingerprint(build_encoder(other)) != encoder_fingerprint(build_encoder(qwen2_vl))
