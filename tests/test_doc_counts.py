@@ -44,6 +44,15 @@ SENTENCES: dict[str, tuple[str, str]] = {
         r"refused\)\. The table, with the reason each of the other (\d+) was not built",
     ),
     "image-text proof": ("docs/vision.md", r"\(`tests/vision/test_flattened_exact\.py`, (\d+) families\)"),
+    "image-text proof guarantee": (
+        "docs/guarantees.md",
+        r"on the (\d+) families of `tests/vision/test_flattened_exact\.py` \(`VANILLA`\) in the suite, and on all "
+        r"(\d+) families with a tiny recipe in the generated table",
+    ),
+    "image-text controls guarantee": (
+        "docs/guarantees.md",
+        r"for every family the proof runs \(the (\d+) in the suite; all (\d+) in the table's controls column\)",
+    ),
 }
 """Every sentence of the docs quoting a count of families or architectures: doc, pattern (the counts its groups)."""
 
@@ -143,6 +152,10 @@ def test_image_text_counts_equal_the_code_and_the_table(compatibility):
 def test_the_image_text_proof_count_equals_its_families():
     proof = load(ROOT / "tests" / "vision" / "test_flattened_exact.py")
     assert quoted("image-text proof") == (len(proof.FAMILIES),)
+    assert quoted("image-text proof guarantee") == quoted("image-text controls guarantee") == (
+        len(proof.FAMILIES),
+        len(FAMILIES),
+    )
     assert set(proof.FAMILIES) <= set(FAMILIES)
 
 
