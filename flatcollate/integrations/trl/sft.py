@@ -13,11 +13,11 @@ from typing import Any
 
 from trl import SFTTrainer
 
-from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from ..collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
-from ..collate.features import MASK_KEYS
-from ..modeling import prepare_model_for_flattening
-from ..vision import VisionDataCollatorWithFlattening
+from ..._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
+from ...collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
+from ...collate.features import MASK_KEYS
+from ...modeling import prepare_model_for_flattening
+from ...vision import VisionDataCollatorWithFlattening
 
 IMAGE_ROW_KEYS = ("image", "images")
 """Columns by which TRL recognises rows with raw images (`SFTTrainer._is_vision_dataset`)."""
