@@ -1,0 +1,25 @@
+"""Padding-free training after SFT: per-sequence outputs of a flattened row and preference pairs.
+
+- `logprobs`: `sequence_logprobs`, each sequence's log-probabilities of its labelled tokens (DPO, GRPO log-prob
+  passes), the label shift never crossing a boundary;
+- `scores`: `sequence_scores`, a sequence-classification head (reward model) applied at each sequence's last token;
+- `collate`: `DataCollatorForPreference`, each example's chosen and rejected sequences in one flattened row.
+
+The TRL trainers built on them live in `flatcollate.integrations.trl`. Each public name is imported from its module on
+first use.
+
+Imports from flatcollate: `_conventions`, `_lazy`, `boundaries`, `collate`, `modeling`.
+"""
+
+from .._lazy import lazy_exports
+
+_SOURCES = {
+    "DataCollatorForPreference": "collate",
+    "sequence_logprobs": "logprobs",
+    "sequence_scores": "scores",
+}
+"""Public name -> the module that defines it."""
+
+__all__ = sorted(_SOURCES)
+
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES, __all__)

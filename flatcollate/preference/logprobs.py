@@ -1,0 +1,98 @@
+"""Per-sequence log-probabilities of a flattened row: what DPO sums for each completion and GRPO keeps per token.
+
+A causal LM scores token `t + 1` from the logits at `t`. Over a flattened row, shifting the labels by one would
+score the first token of each sequence from the last token of the one before; here the shift stops at every
+boundary, so the last token of a sequence scores nothing::
+
+    row            a0 a1 a2 | b0 b1          labels  -  a1 a2 | -  b1      (first label of each sequence -100)
+    next label     a1 a2 -  | b1 -           the shift never crosses `|`
+    log-prob       lp(a1|a0) lp(a2|a0 a1) 0 | lp(b1|b0) 0
+    summed         sequence a: lp(a1) + lp(a2);  sequence b: lp(b1)
+"""
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from .._conventions import IGNORE_INDEX
+from ..boundaries import position_ids_to_cu_seqlens
+
+NOT_MODEL_INPUTS = ("labels", "completion_mask", "seq_lengths", "ref_chosen_logps", "ref_rejected_logps")
+"""Fields of a flattened batch that describe the targets, not the model's inputs."""
+
+
+def sequence_bounds(batch: Mapping) -> torch.Tensor:
+    """`cu_seq_lens_q` of a flattened batch, or the boundaries its restarting `position_ids` imply: `(N + 1,)` int64.
+
+    >>> sequence_bounds({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])}).tolist()
+    [0, 3, 5]
+    """
+    if batch.get("cu_seq_lens_q") is not None:
+        return batch["cu_seq_lens_q"].long().cpu()
+    positions = batch.get("position_ids")
+    if positions is None or positions.dim() != 2 or positions.shape[0] != 1:
+        raise ValueError(
+            "a flattened batch needs `cu_seq_lens_q` or `position_ids` of shape (1, T) to tell its sequences apart; "
+            "collate it with `flatcollate.DataCollatorWithFlattening` or `flatcollate.preference."
+            "DataCollatorForPreference`."
+        )
+    return torch.from_numpy(position_ids_to_cu_seqlens(positions[0].cpu().numpy()).astype(np.int64))
+
+
+def next_token_labels(labels: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts, `(1, T)`: the next token's label inside a sequence, -100 at its last token.
+
+    >>> next_token_labels(torch.tensor([[-100, 5, 6, -100, 8]]), torch.tensor([0, 3, 5])).tolist()
+    [[5, 6, -100, 8, -100]]
+    """
+    shifted = torch.full_like(labels, IGNORE_INDEX)
+    shifted[:, :-1] = labels[:, 1:]
+    shifted[:, (bounds[1:] - 1).to(labels.device)] = IGNORE_INDEX  # the shift stops at every boundary
+    return shifted
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, batch: Mapping, *, per_token: bool = False, temperature: float = 1.0
+) -> torch.Tensor | list[torch.Tensor]:
+    """Each sequence's log-probability of its labelled tokens, from one forward of a flattened batch.
+
+    Args:
+        model (`torch.nn.Module`): a causal LM prepared with `flatcollate.prepare_model_for_flattening` (or one
+            whose backend keeps the row's sequences apart).
+        batch (`Mapping`): one flattened row as the flattening collators emit it: `input_ids` `(1, T)`, `labels`
+            `(1, T)` (-100 where a token is not scored), and `cu_seq_lens_q` or restarting `position_ids`.
+        per_token (`bool`, defaults to `False`): return every sequence's per-token log-probabilities instead of
+            their sums.
+        temperature (`float`, defaults to 1.0): the logits are divided by it (as GRPO samples).
+
+    Returns:
+        `(N,)` summed log-probabilities in example order, with gradient; with `per_token`, a list of `N` tensors of
+        length `len(sequence) - 1`: entry `t` scores token `t + 1` of the sequence, 0 where its label is -100.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}.")
+    if batch.get("labels") is None:
+        raise ValueError("the batch has no `labels`: they say which tokens are scored (-100 elsewhere).")
+    bounds = sequence_bounds(batch)
+    labels = batch["labels"]
+    if labels.shape != batch["input_ids"].shape or labels.shape[0] != 1 or int(bounds[-1]) != labels.shape[1]:
+        raise ValueError(
+            f"`labels` {tuple(labels.shape)}, `input_ids` {tuple(batch['input_ids'].shape)} and the boundaries (ending "
+            f"at {int(bounds[-1])}) must describe one flattened row of the same length."
+        )
+    inputs = {key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}
+    logits = model(**inputs, use_cache=False).logits.float() / temperature
+    targets = next_token_labels(labels, bounds)
+    scored = targets != IGNORE_INDEX
+    token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    token_logps = torch.where(scored, token_logps, torch.zeros_like(token_logps))[0]
+    lengths = (bounds[1:] - bounds[:-1]).tolist()
+    if per_token:
+        return [sequence[:-1] for sequence in torch.split(token_logps, lengths)]
+    owner = torch.repeat_interleave(
+        torch.arange(len(lengths), device=token_logps.device), torch.tensor(lengths, device=token_logps.device)
+    )
+    return torch.zeros(len(lengths), dtype=token_logps.dtype, device=token_logps.device).index_add(
+        0, owner, token_logps
+    )
