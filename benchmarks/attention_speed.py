@@ -2,7 +2,9 @@
 
 Packed: all sequences in one row, `flatcollate`'s packed attention (on CPU the per-sequence SDPA kernel; on CUDA the
 best kernel available). Padded: the sequences in a `(B, H, max L, D)` batch, SDPA with a causal + padding mask, which
-is what a padded batch costs. Both run in one process, interleaved, so their ratio is measured side by side.
+is what a padded batch costs. Every run of a kernel is a fresh process (`--repeats` of them, the kernels taking
+turns) that times `--iterations` calls after a warm-up; a run's figure is the median of its calls, the table shows
+the median over runs with its min-max, and the ratio of the medians with the min-max of the ratio within each run.
 
     python benchmarks/attention_speed.py                       # CPU, small sizes; prints the table
     python benchmarks/attention_speed.py --device cuda --dtype bfloat16 --scale 8 --output results/attention_speed
@@ -10,20 +12,20 @@ is what a padded batch costs. Both run in one process, interleaved, so their rat
 With `--output` it also writes `<device>.json` and `<device>.md` into that folder.
 """
 
-import argparse
-import json
 import statistics
-import time
+import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from flatcollate.attention import packed_attention_forward, select_kernel
+from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
+from flatcollate.bench.scripts import add_repeat_arguments, positive_int, script_parser, time_calls, write_results
 from flatcollate.boundaries import lengths_to_cu_seqlens
+
+KERNELS = ("packed", "padded")
 
 
 @dataclass(frozen=True)
@@ -38,19 +40,7 @@ class Config:
     device: str = "cpu"
     dtype: str = "float32"
     warmup: int = 2
-    repeats: int = 7
-
-
-@dataclass(frozen=True)
-class Result:
-    config: Config
-    kernel: str
-    packed_ms: float
-    packed_spread_ms: float
-    padded_ms: float
-    padded_spread_ms: float
-    speedup: float
-    fill: float
+    iterations: int = 7
 
 
 def length_mixes(scale: int, seed: int = 0) -> dict[str, tuple[int, ...]]:
@@ -92,97 +82,97 @@ def _padded(packed, lengths):
     return rows, mask
 
 
-def _timed(step, device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
-def measure(config: Config) -> Result:
+def measure(case: dict, kernel: str) -> dict:
+    """Worker: median milliseconds of one forward + backward of `kernel` on the case's sequences."""
+    config = Config(**{**case, "lengths": tuple(case["lengths"])})
     (q, k, v), kwargs = _inputs(config)
-    (pq, pk, pv), mask = _padded((q, k, v), config.lengths)
-    module = torch.nn.Module()
+    if kernel == "packed":
+        module = torch.nn.Module()
 
-    def packed_step():
-        out, _ = packed_attention_forward(module, q, k, v, None, **kwargs)
-        out.sum().backward()
+        def step():
+            out, _ = packed_attention_forward(module, q, k, v, None, **kwargs)
+            out.sum().backward()
 
-    def padded_step():
-        out = F.scaled_dot_product_attention(pq, pk, pv, attn_mask=mask, enable_gqa=config.heads != config.kv_heads)
-        out.sum().backward()
+        name = select_kernel(q[0].transpose(0, 1), softcap=None, dropout=0.0)
+    else:
+        (pq, pk, pv), mask = _padded((q, k, v), config.lengths)
 
-    for _ in range(config.warmup):
-        packed_step(), padded_step()
-    packed, padded = [], []
-    for _ in range(config.repeats):  # interleaved so both see the same machine load
-        packed.append(_timed(packed_step, config.device))
-        padded.append(_timed(padded_step, config.device))
-    fill = sum(config.lengths) / (len(config.lengths) * max(config.lengths))
-    kernel = select_kernel(q[0].transpose(0, 1), softcap=None, dropout=0.0)
-    return Result(
-        config=config,
-        kernel=kernel,
-        packed_ms=statistics.median(packed),
-        packed_spread_ms=_iqr(packed),
-        padded_ms=statistics.median(padded),
-        padded_spread_ms=_iqr(padded),
-        speedup=statistics.median(padded) / statistics.median(packed),
-        fill=fill,
-    )
+        def step():
+            out = F.scaled_dot_product_attention(pq, pk, pv, attn_mask=mask, enable_gqa=config.heads != config.kv_heads)
+            out.sum().backward()
+
+        name = "sdpa"
+    synchronize = torch.cuda.synchronize if config.device == "cuda" else None
+    times = time_calls(step, iterations=config.iterations, warmup=config.warmup, synchronize=synchronize)
+    return {"ms": statistics.median(times), "kernel": name}
 
 
-def _iqr(values: list[float]) -> float:
-    """Interquartile range; 0 for a single repeat, which has no spread to show."""
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return q3 - q1
+def summarize(runs) -> list[dict]:
+    """Per mix: the packed and padded figures over the runs and their ratio."""
+    rows = []
+    for run in runs:
+        lengths = run.case["lengths"]
+        rows.append({
+            "mix": run.case["name"],
+            "sequences": len(lengths),
+            "tokens": sum(lengths),
+            "fill": sum(lengths) / (len(lengths) * max(lengths)),
+            "kernel": run.first("packed", "kernel"),
+            "packed_ms": run.spread("packed", "ms"),
+            "padded_ms": run.spread("padded", "ms"),
+            "padded_over_packed": run.ratio("padded", "packed", "ms"),
+        })
+    return rows
 
 
-def to_markdown(results: list[Result]) -> str:
+def to_markdown(rows: list[dict]) -> str:
     lines = [
-        "| mix | sequences | tokens | fill | kernel | packed ms (IQR) | padded SDPA ms (IQR) | padded / packed |",
+        "| mix | sequences | tokens | fill | kernel | packed ms (median, min-max) | padded SDPA ms (median, min-max) | "
+        "padded / packed (min-max) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        c = r.config
+    for r in rows:
         lines.append(
-            f"| {c.name} | {len(c.lengths)} | {sum(c.lengths)} | {r.fill:.2f} | {r.kernel} | "
-            f"{r.packed_ms:.1f} ({r.packed_spread_ms:.1f}) | {r.padded_ms:.1f} ({r.padded_spread_ms:.1f}) | "
-            f"{r.speedup:.2f}x |"
+            f"| {r['mix']} | {r['sequences']} | {r['tokens']} | {r['fill']:.2f} | {r['kernel']} | "
+            f"{format_spread(r['packed_ms'])} | {format_spread(r['padded_ms'])} | "
+            f"{format_ratio(r['padded_over_packed'])} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if serve_worker(argv, measure):
+        return 0
+    parser = script_parser(__file__, __doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    parser.add_argument("--scale", type=int, default=1, help="multiply every sequence length")
-    parser.add_argument("--repeats", type=int, default=7, help="timed forward + backward passes per kernel")
-    parser.add_argument("--output", type=Path, default=None, help="folder for <device>.json and <device>.md")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--scale", type=positive_int, default=1, help="multiply every sequence length")
+    parser.add_argument(
+        "--iterations", type=positive_int, default=Config.iterations, help="timed forward + backward calls per run"
+    )
+    parser.add_argument("--output", default=None, help="folder for <device>.json and <device>.md")
+    add_repeat_arguments(parser)
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.scale < 1:
-        parser.error(f"--repeats and --scale must be at least 1, got {args.repeats} and {args.scale}")
     configs = [
-        Config(name=name, lengths=lengths, device=args.device, dtype=args.dtype, repeats=args.repeats)
+        Config(name=name, lengths=lengths, device=args.device, dtype=args.dtype, iterations=args.iterations)
         for name, lengths in length_mixes(args.scale).items()
     ]
-    results = [measure(config) for config in tqdm(configs, desc="length mixes", disable=args.no_progress)]
-    table = to_markdown(results)
-    print(f"device={args.device} dtype={args.dtype} torch={torch.__version__}\n{table}")
-    if args.output is None:
-        return 0
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / f"{args.device}.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-    (args.output / f"{args.device}.md").write_text(table + "\n")
+    runs = run_repeats(
+        [sys.executable, __file__],
+        [asdict(config) for config in configs],
+        KERNELS,
+        repeats=args.repeats,
+        label=lambda case: case["name"],
+        progress=not args.no_progress,
+    )
+    rows = summarize(runs)
+    command = command_line(__file__, argv)
+    text = f"command: `{command}`\ndevice={args.device} dtype={args.dtype} torch={torch.__version__}\n\n"
+    text += to_markdown(rows)
+    print(text)
+    payload = {"command": command, "repeats": args.repeats, "rows": rows, "runs": [run.to_json() for run in runs]}
+    write_results(args.output, args.device, payload, text)
     return 0
 
 

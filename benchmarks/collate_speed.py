@@ -3,28 +3,25 @@
     python benchmarks/collate_speed.py --out benchmarks/results/collate_speed
 
 Same batches for every collator (64 sequences, lengths from real length profiles), inputs as Python lists, numpy
-arrays and torch tensors; microseconds per call (median and spread over repeats) and ratios, in one run.
+arrays and torch tensors. Every run of a collator is a fresh process that builds the batches, warms up, and times
+`--passes` passes over them; its figure is the median microseconds per call. The collators take turns within each
+of `--repeats` repeats; the table shows the median over runs with its min-max, and each collator's time over
+flatcollate's as the ratio of the medians with the min-max of the ratio within each repeat.
 """
 
-import argparse
-import json
-import statistics
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+import sys
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import transformers
-from tqdm.auto import tqdm
-from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.bench import load_profile
+from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
+from flatcollate.bench.scripts import CLOCKS, add_repeat_arguments, positive_int, script_parser, write_results
 
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-"""`cpu`: this process's CPU seconds (all threads), which other work on a shared machine disturbs far less than
-wall-clock seconds (`wall`)."""
+COLLATORS = ("flatcollate", "transformers", "trl")
 
 
 @dataclass(frozen=True)
@@ -34,21 +31,9 @@ class Config:
     batch_size: int = 64
     num_batches: int = 8
     warmup: int = 3
-    repeats: int = 15
+    passes: int = 15
     seed: int = 0
     clock: str = "cpu"
-
-
-@dataclass
-class Result:
-    profile: str
-    input_kind: str
-    collator: str
-    tokens_per_batch: float
-    median_us: float
-    p10_us: float
-    p90_us: float
-    ratios: dict = field(default_factory=dict)
 
 
 def make_batches(cfg: Config, profile: str, kind: str) -> list[list[dict]]:
@@ -67,78 +52,97 @@ def make_batches(cfg: Config, profile: str, kind: str) -> list[list[dict]]:
     return batches
 
 
-def collators() -> dict:
-    return {
-        "flatcollate": DataCollatorWithFlattening(),
-        "transformers": transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True),
-        "trl": DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True),
-    }
+def make_collator(name: str):
+    if name == "trl":  # imported where it runs: TRL takes seconds to import
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+        return DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    if name == "transformers":
+        return transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    return DataCollatorWithFlattening()
 
 
-def time_collator(collate, batches, cfg: Config) -> list[float]:
+def measure(case: dict, collator: str) -> dict:
+    """Worker: median microseconds per call of `collator` over `passes` passes of the case's batches."""
+    cfg = Config(**case["config"])
+    batches = make_batches(cfg, case["profile"], case["kind"])
+    collate = make_collator(collator)
     for batch in batches[: cfg.warmup]:
         collate(batch)
-    per_call = []
-    for _ in range(cfg.repeats):
-        start = CLOCKS[cfg.clock]()
+    clock, per_call = CLOCKS[cfg.clock], []
+    for _ in range(cfg.passes):
+        start = clock()
         for batch in batches:
             collate(batch)
-        per_call.append((CLOCKS[cfg.clock]() - start) / len(batches) * 1e6)
-    return per_call
+        per_call.append((clock() - start) / len(batches) * 1e6)
+    tokens = float(np.mean([sum(len(f["input_ids"]) for f in b) for b in batches]))
+    return {"us_per_call": float(np.median(per_call)), "tokens_per_batch": tokens}
 
 
-def run(cfg: Config, *, progress: bool = True) -> list[Result]:
-    results = []
-    bar = tqdm(total=len(cfg.profiles) * len(cfg.input_kinds) * len(collators()), unit="collator", disable=not progress)
-    for profile in cfg.profiles:
-        for kind in cfg.input_kinds:
-            batches = make_batches(cfg, profile, kind)
-            tokens = float(np.mean([sum(len(f["input_ids"]) for f in b) for b in batches]))
-            timings = {}
-            for name, collator in collators().items():
-                bar.set_description(f"{profile} {kind} {name}")
-                timings[name] = time_collator(collator, batches, cfg)
-                bar.update(1)
-            ours = statistics.median(timings["flatcollate"])
-            for name, values in timings.items():
-                q = np.percentile(values, [10, 50, 90])
-                results.append(Result(profile, kind, name, tokens, float(q[1]), float(q[0]), float(q[2]),
-                                      {"vs_flatcollate": float(q[1]) / ours}))
-    bar.close()
-    return results
+def cases(cfg: Config) -> list[dict]:
+    return [{"profile": p, "kind": k, "config": asdict(cfg)} for p in cfg.profiles for k in cfg.input_kinds]
 
 
-def markdown(results: list[Result]) -> str:
-    lines = ["| profile | input | collator | tokens/batch | median µs | p10-p90 µs | x slower than flatcollate |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r.profile} | {r.input_kind} | {r.collator} | {r.tokens_per_batch:.0f} | {r.median_us:.0f} | "
-                     f"{r.p10_us:.0f}-{r.p90_us:.0f} | {r.ratios['vs_flatcollate']:.1f} |")
+def summarize(runs) -> list[dict]:
+    """Per profile, input kind and collator: microseconds per call over the runs, and the ratio to flatcollate."""
+    return [
+        {
+            "profile": run.case["profile"],
+            "input_kind": run.case["kind"],
+            "collator": name,
+            "tokens_per_batch": run.first(name, "tokens_per_batch"),
+            "us_per_call": run.spread(name, "us_per_call"),
+            "vs_flatcollate": run.ratio(name, "flatcollate", "us_per_call"),
+        }
+        for run in runs
+        for name in run.figures
+    ]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| profile | input | collator | tokens/batch | µs per call (median, min-max) | x slower than flatcollate "
+             "(min-max) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['profile']} | {r['input_kind']} | {r['collator']} | {r['tokens_per_batch']:.0f} | "
+                     f"{format_spread(r['us_per_call'], 0)} | {format_ratio(r['vs_flatcollate'], 1)} |")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def main(argv: list[str] | None = None) -> list[dict] | None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if serve_worker(argv, measure):
+        return None
+    parser = script_parser(__file__, __doc__)
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
-    parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed passes over the batches")
-    parser.add_argument("--batch-size", type=int, default=Config.batch_size, help="sequences per batch")
+    parser.add_argument(
+        "--passes", type=positive_int, default=Config.passes, help="timed passes over the batches per run"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=Config.batch_size, help="sequences per batch")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="what a timing counts")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--profiles", nargs="+", default=list(Config.profiles), help="length profiles")
+    parser.add_argument(
+        "--inputs", nargs="+", choices=Config.input_kinds, default=list(Config.input_kinds), help="input containers"
+    )
+    add_repeat_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = Config(repeats=args.repeats, batch_size=args.batch_size, clock=args.clock)
-    results = run(cfg, progress=not args.no_progress)
-    table = markdown(results)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        payload = {"config": asdict(cfg), "versions": {"torch": torch.__version__,
-                   "transformers": transformers.__version__}, "results": [asdict(r) for r in results]}
-        (out / "results.json").write_text(json.dumps(payload, indent=1))
-        (out / "results.md").write_text(table + "\n")
-    return results
+    cfg = Config(profiles=tuple(args.profiles), input_kinds=tuple(args.inputs), passes=args.passes,
+                 batch_size=args.batch_size, clock=args.clock)
+    runs = run_repeats(
+        [sys.executable, __file__],
+        cases(cfg),
+        COLLATORS,
+        repeats=args.repeats,
+        label=lambda case: f"{case['profile']} {case['kind']}",
+        progress=not args.no_progress,
+    )
+    rows = summarize(runs)
+    command = command_line(__file__, argv)
+    text = f"command: `{command}`\n\n{markdown(rows)}"
+    print(text)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    payload = {"command": command, "config": asdict(cfg), "repeats": args.repeats, "versions": versions, "rows": rows}
+    write_results(args.out, "results", payload | {"runs": [run.to_json() for run in runs]}, text)
+    return rows
 
 
 if __name__ == "__main__":

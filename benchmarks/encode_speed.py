@@ -5,26 +5,30 @@
 Workloads from the shared data (`FLATCOLLATE_SHARED_DATA`, default `../shared/data`): HH-RLHF multi-turn chats
 (2-22 messages), Glaive tool-call chats in ShareGPT form (tools in the system prompt; Qwen2.5 and Llama-3.2 only, as
 Mistral v0.2's template refuses tool turns), and one long conversation of 330 messages made by chaining HH-RLHF chats.
-Conversations per second, median and p10-p90 over repeats after a warm-up, and the encoder's time relative to
-`apply_chat_template` (median of the per-repeat ratios; 1.0 = as fast; the target is within 2x), in one run.
+Every run of a method is a fresh process that loads the tokenizer, warms up, and times `--passes` passes over the
+rows; its figure is the median conversations per second. The methods take turns within each of `--repeats` repeats;
+the table shows the median over runs with its min-max, and the encoder's time relative to `apply_chat_template` as
+the ratio of the medians with the min-max of the ratio within each repeat (1.0 = as fast; the target is within 2x).
 """
 
-import argparse
 import json
 import os
+import statistics
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import transformers
-from transformers import AutoTokenizer
 
-from flatcollate.data import build_encoder
+from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
+from flatcollate.bench.scripts import add_repeat_arguments, positive_int, script_parser, write_results
 
 SHARED = Path(os.environ.get("FLATCOLLATE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TEMPLATE_KWARGS = {"llama-3.2-instruct": {"date_string": "26 Jul 2024"}}
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool"}
+METHODS = ("apply_chat_template", "flatcollate")
 
 
 @dataclass(frozen=True)
@@ -34,20 +38,7 @@ class Config:
     num_rows: int = 300
     long_messages: int = 330
     warmup: int = 1
-    repeats: int = 5
-
-
-@dataclass
-class Result:
-    workload: str
-    tokenizer: str
-    method: str
-    conversations: int
-    messages_per_conversation: float
-    median_per_s: float
-    p10_per_s: float
-    p90_per_s: float
-    ratios: dict = field(default_factory=dict)
+    passes: int = 3
 
 
 def load_workload(name: str, cfg: Config) -> tuple[str, list[dict]]:
@@ -82,83 +73,109 @@ def reference_call(tok, kwargs: dict, fmt: str):
     return call
 
 
-def time_methods(methods: dict, rows: list[dict], cfg: Config) -> dict[str, list[float]]:
-    """Conversations per second of each method and repeat; the methods take turns within each repeat, so a shared
-    machine's changing load falls on all of them alike."""
+def measure(case: dict, method: str) -> dict:
+    """Worker: conversations per second of `method` on the case's rows, median of `passes` passes."""
+    from transformers import AutoTokenizer
+
+    from flatcollate.data import build_encoder
+
+    cfg = Config(**case["config"])
+    tok = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / case["tokenizer"])
+    kwargs = TEMPLATE_KWARGS.get(case["tokenizer"], {})
+    fmt, rows = load_workload(case["workload"], cfg)
+    if method == "flatcollate":
+        encode = build_encoder(tok, format=fmt, chat_template_kwargs=kwargs)
+    else:
+        encode = reference_call(tok, kwargs, fmt)
     for _ in range(cfg.warmup):
-        for fn in methods.values():
-            for row in rows:
-                fn(row)
-    per_s = {name: [] for name in methods}
-    for _ in range(cfg.repeats):
-        for name, fn in methods.items():
-            start = time.perf_counter()
-            for row in rows:
-                fn(row)
-            per_s[name].append(len(rows) / (time.perf_counter() - start))
-    return per_s
+        for row in rows:
+            encode(row)
+    per_s = []
+    for _ in range(cfg.passes):
+        start = time.perf_counter()
+        for row in rows:
+            encode(row)
+        per_s.append(len(rows) / (time.perf_counter() - start))
+    key = "messages" if fmt == "messages" else "conversations"
+    mean_messages = float(np.mean([len(r[key]) for r in rows]))
+    return {"per_s": statistics.median(per_s), "conversations": len(rows), "messages_per_conversation": mean_messages}
 
 
-def run(cfg: Config) -> list[Result]:
-    results = []
-    for name in cfg.tokenizers:
-        tok = AutoTokenizer.from_pretrained(SHARED / "tokenizers" / name)
-        kwargs = TEMPLATE_KWARGS.get(name, {})
-        for workload in cfg.workloads:
-            if workload == "glaive_tools" and name.startswith("mistral"):
-                continue
-            fmt, rows = load_workload(workload, cfg)
-            encoder = build_encoder(tok, format=fmt, chat_template_kwargs=kwargs)
-            methods = {"apply_chat_template": reference_call(tok, kwargs, fmt), "flatcollate": encoder}
-            timings = time_methods(methods, rows, cfg)
-            reference = np.asarray(timings["apply_chat_template"])
-            key = "messages" if fmt == "messages" else "conversations"
-            mean_messages = float(np.mean([len(r[key]) for r in rows]))
-            for method, values in timings.items():
-                q = np.percentile(values, [10, 50, 90])
-                # Paired by repeat: time of this method over time of apply_chat_template in the same repeat.
-                ratio = float(np.median(reference / np.asarray(values)))
-                results.append(
-                    Result(workload, name, method, len(rows), mean_messages, float(q[1]), float(q[0]), float(q[2]),
-                           {"time_vs_apply_chat_template": ratio})
-                )
-    return results
-
-
-def markdown(results: list[Result]) -> str:
-    lines = [
-        "| workload | tokenizer | method | rows | messages/row | conversations/s (median) | p10-p90 "
-        "| time vs apply_chat_template |",
-        "|---|---|---|---|---|---|---|---|",
+def cases(cfg: Config) -> list[dict]:
+    return [
+        {"tokenizer": name, "workload": workload, "config": asdict(cfg)}
+        for name in cfg.tokenizers
+        for workload in cfg.workloads
+        if not (workload == "glaive_tools" and name.startswith("mistral"))
     ]
-    for r in results:
+
+
+def summarize(runs) -> list[dict]:
+    """Per workload, tokenizer and method: conversations per second over the runs, and time relative to
+    `apply_chat_template` (its rate over this method's)."""
+    return [
+        {
+            "workload": run.case["workload"],
+            "tokenizer": run.case["tokenizer"],
+            "method": method,
+            "conversations": run.first(method, "conversations"),
+            "messages_per_conversation": run.first(method, "messages_per_conversation"),
+            "per_s": run.spread(method, "per_s"),
+            "time_vs_apply_chat_template": run.ratio("apply_chat_template", method, "per_s"),
+        }
+        for run in runs
+        for method in METHODS
+    ]
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| workload | tokenizer | method | rows | messages/row | conversations/s (median, min-max) "
+        "| time vs apply_chat_template (min-max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
         lines.append(
-            f"| {r.workload} | {r.tokenizer} | {r.method} | {r.conversations} | {r.messages_per_conversation:.1f} | "
-            f"{r.median_per_s:.1f} | {r.p10_per_s:.1f}-{r.p90_per_s:.1f} | "
-            f"{r.ratios['time_vs_apply_chat_template']:.2f}x |"
+            f"| {r['workload']} | {r['tokenizer']} | {r['method']} | {r['conversations']} | "
+            f"{r['messages_per_conversation']:.1f} | {format_spread(r['per_s'])} | "
+            f"{format_ratio(r['time_vs_apply_chat_template'])} |"
         )
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> list[dict] | None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if serve_worker(argv, measure):
+        return None
+    parser = script_parser(__file__, __doc__)
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
-    parser.add_argument("--repeats", type=int, default=Config.repeats)
-    parser.add_argument("--num-rows", type=int, default=Config.num_rows)
-    parser.add_argument("--tokenizers", nargs="+", default=list(Config.tokenizers))
+    parser.add_argument("--passes", type=positive_int, default=Config.passes, help="timed passes over the rows per run")
+    parser.add_argument("--num-rows", type=positive_int, default=Config.num_rows, help="conversations per workload")
+    parser.add_argument("--tokenizers", nargs="+", default=list(Config.tokenizers), help="folders in the shared data")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=Config.workloads, default=list(Config.workloads), help="conversation sets"
+    )
+    add_repeat_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = Config(repeats=args.repeats, num_rows=args.num_rows, tokenizers=tuple(args.tokenizers))
-    results = run(cfg)
-    table = markdown(results)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        payload = {"config": asdict(cfg), "versions": {"transformers": transformers.__version__},
-                   "results": [asdict(r) for r in results]}
-        (out / "results.json").write_text(json.dumps(payload, indent=1))
-        (out / "results.md").write_text(table + "\n")
-    return results
+    cfg = Config(
+        passes=args.passes, num_rows=args.num_rows, tokenizers=tuple(args.tokenizers), workloads=tuple(args.workloads)
+    )
+    runs = run_repeats(
+        [sys.executable, __file__],
+        cases(cfg),
+        METHODS,
+        repeats=args.repeats,
+        label=lambda case: f"{case['workload']} {case['tokenizer']}",
+        progress=not args.no_progress,
+    )
+    rows = summarize(runs)
+    command = command_line(__file__, argv)
+    text = f"command: `{command}`\n\n{markdown(rows)}"
+    print(text)
+    payload = {"command": command, "config": asdict(cfg), "repeats": args.repeats, "rows": rows}
+    payload |= {"versions": {"transformers": transformers.__version__}, "runs": [run.to_json() for run in runs]}
+    write_results(args.out, "results", payload, text)
+    return rows
 
 
 if __name__ == "__main__":

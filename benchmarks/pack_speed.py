@@ -8,27 +8,21 @@ each pass gets the same memory to start from and its peak memory can be read: `p
 seen while packing (sampled every 5 ms), `extra_rss` that peak minus the memory held before packing (the dataset).
 Within each repeat the packers take turns. Sizes in `--short-sizes` use short rows: every length and the pack length
 divided by `--short-divisor` (rounded up), so as many sequences share a pack while the token columns fit in memory.
-Time (median, min-max over repeats), packs, fill and memory are printed side by side, with ratios.
+Time (median, min-max over repeats), packs, fill and memory are printed side by side, with TRL's time over each
+packer's as the ratio of the medians and the min-max of the ratio within each repeat.
 """
 
-import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from flatcollate.bench.repeats import command_line, format_ratio, run_repeats, serve_worker
+from flatcollate.bench.scripts import CLOCKS, add_repeat_arguments, positive_int, script_parser, write_results
 
 PACKERS = ("flatcollate", "trl")
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-"""`cpu`: the packing process's CPU seconds (all threads), which other work on a shared machine disturbs far less
-than wall-clock seconds (`wall`)."""
 
 
 @dataclass(frozen=True)
@@ -37,9 +31,9 @@ class Config:
     sizes: tuple[int, ...] = (100_000, 1_000_000)
     short_sizes: tuple[int, ...] = ()
     short_divisor: int = 16
-    short_repeats: int = 1
+    short_repeats: int = 3
     pack_len: int = 4096
-    repeats: int = 3
+    repeats: int = 5
     seed: int = 0
     clock: str = "cpu"
 
@@ -65,6 +59,7 @@ class Result:
     seconds_median: float
     seconds_min: float
     seconds_max: float
+    trl_over_this: dict
     packs: int
     fill: float
     peak_rss_gib: float
@@ -93,11 +88,12 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _measure(case: Case, packer: str, clock: str = "cpu") -> dict:
-    """One timed pass in this process: build the dataset, pack it, report time, packs, fill and memory."""
+def measure(payload: dict, packer: str) -> dict:
+    """Worker: build the dataset, pack it, report time, packs, fill and memory."""
     import datasets
 
     datasets.disable_progress_bars()
+    case, clock = Case(**payload["case"]), payload["clock"]
     dataset = make_dataset(case)
     pack_len = case.pack_len
     if packer == "flatcollate":
@@ -137,69 +133,69 @@ def run(cfg: Config, *, progress: bool = True, on_case=None) -> list[Result]:
     cases = [Case(p, n, cfg.pack_len, 1, cfg.seed) for n in cfg.sizes for p in cfg.profiles]
     short_len = -(-cfg.pack_len // cfg.short_divisor)
     cases += [Case(p, n, short_len, cfg.short_divisor, cfg.seed) for n in cfg.short_sizes for p in cfg.profiles]
+    report = None if on_case is None else lambda runs: on_case([r for run in runs for r in _results(run)])
+    runs = run_repeats(
+        [sys.executable, __file__],
+        [{"case": asdict(case), "clock": cfg.clock} for case in cases],
+        PACKERS,
+        repeats=[cfg.repeats if case.divisor == 1 else cfg.short_repeats for case in cases],
+        label=lambda payload: "{profile} {num_sequences:,} (/{divisor})".format(**payload["case"]),
+        progress=progress,
+        on_case=report,
+    )
+    return [result for run in runs for result in _results(run)]
+
+
+def _results(run) -> list[Result]:
+    case = Case(**run.case["case"])
     results = []
-    repeats = {case: cfg.repeats if case.divisor == 1 else cfg.short_repeats for case in cases}
-    bar = tqdm(total=len(PACKERS) * sum(repeats.values()), unit="pass", disable=not progress)
-    for case in cases:
-        passes = {name: [] for name in PACKERS}
-        for _ in range(repeats[case]):
-            for name in PACKERS:  # the packers take turns within each repeat
-                bar.set_description(f"{case.profile} {case.num_sequences:,} (/{case.divisor}) {name}")
-                out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(asdict(case)), name, cfg.clock],
-                                     check=True, capture_output=True, text=True)
-                passes[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-                bar.update(1)
-        for name, runs in passes.items():
-            times = [r["seconds"] for r in runs]
-            results.append(Result(
-                case.profile, name, case.num_sequences, case.pack_len, case.divisor, runs[0]["tokens"], times,
-                statistics.median(times), min(times), max(times), runs[0]["packs"], runs[0]["fill"],
-                max(r["peak_rss"] for r in runs) / 2**30, max(r["extra_rss"] for r in runs) / 2**30,
-            ))
-        if on_case is not None:
-            on_case(results)
-    bar.close()
+    for name in PACKERS:
+        seconds, first = run.values(name, "seconds"), run.figures[name][0]
+        spread = run.spread(name, "seconds")
+        results.append(Result(
+            case.profile, name, case.num_sequences, case.pack_len, case.divisor, first["tokens"], seconds,
+            spread["median"], spread["min"], spread["max"], run.ratio("trl", name, "seconds"), first["packs"],
+            first["fill"], max(run.values(name, "peak_rss")) / 2**30, max(run.values(name, "extra_rss")) / 2**30,
+        ))
     return results
 
 
 def markdown(results: list[Result]) -> str:
     lines = ["| profile | sequences | pack_len | tokens | packer | time s (median, min-max) | packs | fill | "
-             "peak RSS GiB (extra) | x faster than trl |",
+             "peak RSS GiB (extra) | x faster than trl (min-max) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    trl_time = {(r.profile, r.num_sequences, r.pack_len): r.seconds_median for r in results if r.packer == "trl"}
     for r in results:
-        ratio = trl_time[(r.profile, r.num_sequences, r.pack_len)] / r.seconds_median
         short = f" (lengths /{r.divisor})" if r.divisor > 1 else ""
         lines.append(f"| {r.profile} | {r.num_sequences:,}{short} | {r.pack_len} | {r.num_tokens / 1e6:,.0f}M | "
                      f"{r.packer} | {r.seconds_median:.2f} ({r.seconds_min:.2f}-{r.seconds_max:.2f}) | {r.packs:,} | "
-                     f"{100 * r.fill:.2f}% | {r.peak_rss_gib:.1f} ({r.extra_rss_gib:.1f}) | {ratio:.1f} |")
+                     f"{100 * r.fill:.2f}% | {r.peak_rss_gib:.1f} ({r.extra_rss_gib:.1f}) | "
+                     f"{format_ratio(r.trl_over_this, 1)} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> list[Result] | None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    parser.add_argument("--sizes", "--num-sequences", type=int, nargs="*", default=Config.sizes,
-                        help="sequences per profile")
-    parser.add_argument("--short-sizes", type=int, nargs="*", default=Config.short_sizes,
-                        help="sequences per profile, with short rows")
-    parser.add_argument("--short-divisor", type=int, default=Config.short_divisor,
-                        help="lengths and pack length divided by this for --short-sizes")
-    parser.add_argument("--short-repeats", type=int, default=Config.short_repeats,
-                        help="timed passes per packer for --short-sizes")
-    parser.add_argument("--pack-len", type=int, default=Config.pack_len, help="tokens per pack")
-    parser.add_argument("--repeats", type=int, default=Config.repeats, help="timed passes per packer")
-    parser.add_argument("--out", default=None, help="folder for results.json and results.md")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default=Config.clock, help="what a timing counts")
-    parser.add_argument("--worker", nargs=3, metavar=("CASE", "PACKER", "CLOCK"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(_measure(Case(**json.loads(args.worker[0])), args.worker[1], args.worker[2])))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if serve_worker(argv, measure):
         return None
-    cfg = Config(sizes=tuple(args.sizes), short_sizes=tuple(args.short_sizes), short_divisor=args.short_divisor,
-                 short_repeats=args.short_repeats, pack_len=args.pack_len, repeats=args.repeats, clock=args.clock)
+    parser = script_parser(__file__, __doc__)
+    parser.add_argument("--sizes", "--num-sequences", type=positive_int, nargs="*", default=Config.sizes,
+                        help="sequences per profile")
+    parser.add_argument("--short-sizes", type=positive_int, nargs="*", default=Config.short_sizes,
+                        help="sequences per profile, with short rows")
+    parser.add_argument("--short-divisor", type=positive_int, default=Config.short_divisor,
+                        help="lengths and pack length divided by this for --short-sizes")
+    parser.add_argument("--short-repeats", type=positive_int, default=Config.short_repeats,
+                        help="runs of every packer for --short-sizes, each in a fresh process")
+    parser.add_argument("--pack-len", type=positive_int, default=Config.pack_len, help="tokens per pack")
+    parser.add_argument("--profiles", nargs="+", default=list(Config.profiles), help="length profiles")
+    parser.add_argument("--out", default=None, help="folder for results.json and results.md")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default=Config.clock, help="what a timing counts")
+    add_repeat_arguments(parser, repeats=Config.repeats)
+    args = parser.parse_args(argv)
+    cfg = Config(profiles=tuple(args.profiles), sizes=tuple(args.sizes), short_sizes=tuple(args.short_sizes),
+                 short_divisor=args.short_divisor, short_repeats=args.short_repeats, pack_len=args.pack_len,
+                 repeats=args.repeats, clock=args.clock)
+    command = command_line(__file__, argv)
 
     def save(results: list[Result]) -> None:  # after every case, so a long run keeps what it measured
         if not args.out:
@@ -207,15 +203,13 @@ def main(argv: list[str] | None = None) -> list[Result] | None:
         import datasets
         import trl
 
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        payload = {"config": asdict(cfg), "versions": {"trl": trl.__version__, "datasets": datasets.__version__},
-                   "cpus": os.cpu_count(), "results": [asdict(r) for r in results]}
-        (out / "results.json").write_text(json.dumps(payload, indent=1))
-        (out / "results.md").write_text(markdown(results) + "\n")
+        payload = {"command": command, "config": asdict(cfg), "cpus": os.cpu_count(),
+                   "versions": {"trl": trl.__version__, "datasets": datasets.__version__},
+                   "results": [asdict(r) for r in results]}
+        write_results(args.out, "results", payload, f"command: `{command}`\n\n{markdown(results)}")
 
     results = run(cfg, progress=not args.no_progress, on_case=save)
-    print(markdown(results))
+    print(f"command: `{command}`\n\n{markdown(results)}")
     return results
 
 

@@ -9,23 +9,23 @@ for rows of a few lengths, times forward + backward of:
 - a whole training step of a small Llama-shaped model (4 layers) on the row split over the group
   (`prepare_model_for_sequence_parallel`; SP 1 is `prepare_model_for_flattening` on the whole row).
 
-Each repeat is timed between barriers and counts the slowest rank. CPU figures: on a machine with fewer cores than
-processes, SP 2 and 4 share cores, so step times do not show the speed-up GPUs get; the all-to-all volume and its
-share are what carry over.
+Each call is timed between barriers and counts the slowest rank; a run's figure is the median of `--iterations`
+calls after `--warmup`. Every run of a group size starts from a fresh process (which starts the group's processes),
+the group sizes taking turns within each of `--repeats` repeats; the table shows the median over runs with its
+min-max, and the all-to-all's cost relative to the kernel and to the step as the ratio of the medians with the
+min-max of the ratio within each run. CPU figures: on a machine with fewer cores than processes, SP 2 and 4 share
+cores, so step times do not show the speed-up GPUs get; the all-to-all volume and its share are what carry over.
 
     python benchmarks/sp_overhead.py                                       # prints the table
     python benchmarks/sp_overhead.py --out benchmarks/results/sp_overhead  # also JSON and markdown
 """
 
-import argparse
-import json
 import os
 import socket
 import statistics
-import tempfile
+import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +34,8 @@ import torch.multiprocessing as mp
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.attention import packed_attention_forward
+from flatcollate.bench.repeats import command_line, format_ratio, format_spread, ratio_spread, run_repeats, serve_worker
+from flatcollate.bench.scripts import add_repeat_arguments, non_negative_int, positive_int, script_parser, write_results
 from flatcollate.models import tiny_causal_lm
 from flatcollate.parallel import prepare_model_for_sequence_parallel, split_for_sequence_parallel
 from flatcollate.parallel.all_to_all import heads_to_sequence, sequence_to_heads
@@ -57,21 +59,8 @@ class Config:
     sp: int
     tokens: int
     warmup: int = 1
-    repeats: int = 5
+    iterations: int = 5
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class Result:
-    config: Config
-    sequences: int
-    all_to_all_ms: float
-    all_to_all_spread_ms: float
-    kernel_ms: float
-    kernel_spread_ms: float
-    step_ms: float
-    step_spread_ms: float
-    all_to_all_share_of_step: float
 
 
 def row_lengths(tokens: int, seed: int) -> list[int]:
@@ -84,30 +73,22 @@ def row_lengths(tokens: int, seed: int) -> list[int]:
     return [n for n in kept if n > 0]
 
 
-def _timed(step, repeats: int, warmup: int) -> list[float]:
-    """Milliseconds of `step` per repeat, the slowest rank's, each between barriers."""
+def _timed(step, iterations: int, warmup: int) -> float:
+    """Median milliseconds of `step` over `iterations` calls, each the slowest rank's, between barriers."""
     for _ in range(warmup):
         step()
     times = []
-    for _ in range(repeats):
+    for _ in range(iterations):
         dist.barrier()
         start = time.perf_counter()
         step()
         elapsed = torch.tensor([(time.perf_counter() - start) * 1e3])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(float(elapsed))
-    return times
+    return statistics.median(times)
 
 
-def _spread(values: list[float]) -> float:
-    """Interquartile range; 0 for fewer than two repeats."""
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return q3 - q1
-
-
-def measure(config: Config, rank: int) -> Result:
+def measure_rank(config: Config, rank: int) -> dict:
     size, group = config.sp, dist.group.WORLD
     lengths = row_lengths(config.tokens, config.seed)
     generator = torch.Generator().manual_seed(config.seed)
@@ -146,31 +127,24 @@ def measure(config: Config, rank: int) -> Result:
     def step():
         model(**inputs).logits.float().mean().backward()
 
-    a2a = _timed(exchange, config.repeats, config.warmup) if size > 1 else [0.0]
-    attention = _timed(kernel, config.repeats, config.warmup)
-    steps = _timed(step, config.repeats, config.warmup)
-    layers = MODEL["num_hidden_layers"]
-    return Result(
-        config=config,
-        sequences=len(lengths),
-        all_to_all_ms=statistics.median(a2a),
-        all_to_all_spread_ms=_spread(a2a),
-        kernel_ms=statistics.median(attention),
-        kernel_spread_ms=_spread(attention),
-        step_ms=statistics.median(steps),
-        step_spread_ms=_spread(steps),
-        all_to_all_share_of_step=layers * statistics.median(a2a) / statistics.median(steps),
-    )
+    a2a = _timed(exchange, config.iterations, config.warmup) if size > 1 else 0.0
+    attention = _timed(kernel, config.iterations, config.warmup)
+    steps = _timed(step, config.iterations, config.warmup)
+    return {"sequences": len(lengths), "all_to_all_ms": a2a, "kernel_ms": attention, "step_ms": steps}
 
 
-def _worker(rank: int, size: int, port: int, configs: list[Config], out: str) -> None:
+def _rank(rank: int, config: Config, port: int) -> dict:
+    """Join the group as `rank`, one torch thread, and measure."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-    results = [measure(config, rank) for config in configs]
-    if rank == 0:
-        Path(out).write_text(json.dumps([asdict(r) for r in results]))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=config.sp)
+    figures = measure_rank(config, rank)
     dist.barrier()
     dist.destroy_process_group()
+    return figures
+
+
+def _other_rank(index: int, config: Config, port: int) -> None:
+    _rank(index + 1, config, port)
 
 
 def _free_port() -> int:
@@ -179,64 +153,97 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(configs: list[Config]) -> list[Result]:
-    """Measure `configs` (one group size at a time, each in its own processes)."""
-    results = []
-    for size in sorted({c.sp for c in configs}):
-        group_configs = [c for c in configs if c.sp == size]
-        with tempfile.TemporaryDirectory() as folder:
-            out = os.path.join(folder, "results.json")
-            mp.start_processes(
-                _worker, args=(size, _free_port(), group_configs, out), nprocs=size, start_method="spawn"
-            )
-            for raw in json.loads(Path(out).read_text()):
-                results.append(Result(**{**raw, "config": Config(**raw["config"])}))
-    return results
+def measure(case: dict, variant: str) -> dict:
+    """Worker: measure the case's row on a group of `variant` processes, this one rank 0 (rank 0's figures are the
+    slowest rank's: every time is the maximum over the group)."""
+    config = Config(sp=int(variant), **case)
+    port = _free_port()
+    others = None
+    if config.sp > 1:
+        others = mp.start_processes(
+            _other_rank, args=(config, port), nprocs=config.sp - 1, join=False, start_method="spawn"
+        )
+    figures = _rank(0, config, port)
+    while others is not None and not others.join():
+        pass
+    return figures
 
 
-def to_markdown(results: list[Result]) -> str:
+def summarize(runs) -> list[dict]:
+    """Per row length and group size: times over the runs, the all-to-all over the kernel, its share of a step."""
+    rows = []
+    for run in runs:
+        for variant in run.figures:
+            a2a = run.values(variant, "all_to_all_ms")
+            layers = [MODEL["num_hidden_layers"] * ms for ms in a2a]
+            rows.append({
+                "sp": int(variant),
+                "tokens": run.case["tokens"],
+                "sequences": run.first(variant, "sequences"),
+                "all_to_all_ms": run.spread(variant, "all_to_all_ms"),
+                "kernel_ms": run.spread(variant, "kernel_ms"),
+                "step_ms": run.spread(variant, "step_ms"),
+                "all_to_all_over_kernel": ratio_spread(a2a, run.values(variant, "kernel_ms")),
+                "all_to_all_share_of_step": ratio_spread(layers, run.values(variant, "step_ms")),
+            })
+    return rows
+
+
+def to_markdown(rows: list[dict]) -> str:
     lines = [
-        "| SP | row tokens | sequences | all-to-all / layer ms (IQR) | kernel / layer ms (IQR) | all-to-all / kernel "
-        "| step ms (IQR) | all-to-all share of step |",
+        "| SP | row tokens | sequences | all-to-all / layer ms (median, min-max) | kernel / layer ms (median, min-max) "
+        "| all-to-all / kernel (min-max) | step ms (median, min-max) | all-to-all share of step (min-max) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(results, key=lambda r: (r.config.tokens, r.config.sp)):
-        c = r.config
-        a2a = "-" if c.sp == 1 else f"{r.all_to_all_ms:.1f} ({r.all_to_all_spread_ms:.1f})"
-        ratio = "-" if c.sp == 1 else f"{r.all_to_all_ms / r.kernel_ms:.2f}"
-        share = "-" if c.sp == 1 else f"{r.all_to_all_share_of_step:.0%}"
+    for r in sorted(rows, key=lambda r: (r["tokens"], r["sp"])):
+        alone = r["sp"] == 1
+        a2a = "-" if alone else format_spread(r["all_to_all_ms"])
+        ratio = "-" if alone else format_ratio(r["all_to_all_over_kernel"])
+        share = "-" if alone else _percent(r["all_to_all_share_of_step"])
         lines.append(
-            f"| {c.sp} | {c.tokens} | {r.sequences} | {a2a} | {r.kernel_ms:.1f} ({r.kernel_spread_ms:.1f}) | "
-            f"{ratio} | {r.step_ms:.1f} ({r.step_spread_ms:.1f}) | {share} |"
+            f"| {r['sp']} | {r['tokens']} | {r['sequences']} | {a2a} | {format_spread(r['kernel_ms'])} | {ratio} | "
+            f"{format_spread(r['step_ms'], 0)} | {share} |"
         )
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    parser.add_argument("--sp", type=int, nargs="+", default=[1, 2, 4], help="group sizes (processes)")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 8192], help="row lengths")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None, help="folder for results.json and results.md")
+def _percent(ratio: dict) -> str:
+    return f"{ratio['of_medians']:.0%} ({ratio['min']:.0%}-{ratio['max']:.0%})"
+
+
+def main(argv: list[str] | None = None) -> list[dict] | None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if serve_worker(argv, measure):
+        return None
+    parser = script_parser(__file__, __doc__)
+    parser.add_argument("--sp", type=positive_int, nargs="+", default=[1, 2, 4], help="group sizes (processes)")
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=[1024, 4096, 8192], help="row lengths")
+    parser.add_argument("--iterations", type=positive_int, default=Config.iterations, help="timed calls per run")
+    parser.add_argument("--warmup", type=non_negative_int, default=Config.warmup, help="untimed calls before them")
+    parser.add_argument("--out", default=None, help="folder for results.json and results.md")
+    add_repeat_arguments(parser)
     args = parser.parse_args(argv)
-    if args.repeats < 1 or any(size < 1 or MODEL["num_key_value_heads"] % size for size in args.sp):
-        parser.error(f"--repeats must be at least 1 and every --sp must divide {MODEL['num_key_value_heads']}")
-    configs = [
-        Config(sp=size, tokens=tokens, warmup=args.warmup, repeats=args.repeats)
-        for size in args.sp
-        for tokens in args.tokens
-    ]
-    results = run(configs)
-    table = to_markdown(results)
-    print(f"CPU, gloo over loopback, 1 thread per process, torch={torch.__version__}, cores={os.cpu_count()}\n{table}")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-        (args.out / "results.md").write_text(table + "\n")
-    return results
+    if any(MODEL["num_key_value_heads"] % size for size in args.sp):
+        parser.error(f"every --sp must divide {MODEL['num_key_value_heads']} (the key-value heads), got {args.sp}")
+    cases = [{"tokens": t, "warmup": args.warmup, "iterations": args.iterations} for t in args.tokens]
+    runs = run_repeats(
+        [sys.executable, __file__],
+        cases,
+        [str(size) for size in args.sp],
+        repeats=args.repeats,
+        label=lambda case: f"{case['tokens']} tokens, SP",
+        progress=not args.no_progress,
+    )
+    rows = summarize(runs)
+    command = command_line(__file__, argv)
+    text = (
+        f"command: `{command}`\nCPU, gloo over loopback, 1 thread per process, torch={torch.__version__}, "
+        f"cores={os.cpu_count()}\n\n{to_markdown(rows)}"
+    )
+    print(text)
+    payload = {"command": command, "repeats": args.repeats, "rows": rows, "runs": [run.to_json() for run in runs]}
+    write_results(args.out, "results", payload, text)
+    return rows
 
 
 if __name__ == "__main__":

@@ -11,20 +11,26 @@ read, not the rows it kept. Sources, all of the same `num_rows` pre-tokenized ro
   reader) and by row index (`sharding="rows"`, what every reader did before);
 - `list`: random access, split by row index; the cursor jumps over other readers' rows.
 
-Times: the slowest reader (what a parallel run waits for) and all readers together (the CPU spent), median of repeats.
+Times: the slowest reader (what a parallel run waits for) and all readers together (the CPU spent). Every run of a
+source and split is a fresh process that builds the rows, reads once with one reader (warm-up), then with all `R`
+readers; the three take turns within each of `--repeats` repeats. The table shows the median over runs with its
+min-max, and all readers' time over that of the iterable split by shards, as the ratio of the medians with the
+min-max of the ratio within each repeat.
 """
 
-import argparse
-import json
-import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import datasets
 import numpy as np
 
+from flatcollate.bench.repeats import command_line, run_repeats, serve_worker
+from flatcollate.bench.scripts import add_repeat_arguments, positive_int, script_parser, write_results
 from flatcollate.streaming import StreamingPacker
+
+VARIANTS = ("iterable/shards", "iterable/rows", "list/rows")
+"""`source/split`: what a reader reads and how the readers split it."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,9 @@ class Result:
     all_s_median: float
     all_s_min: float
     all_s_max: float
+    vs_shards: float
+    vs_shards_min: float
+    vs_shards_max: float
 
 
 class ReadCounter:
@@ -98,47 +107,59 @@ def read_all(make_source, *, num_readers: int, sharding: str, cfg: Config) -> tu
     return reads, seconds
 
 
-def run(cfg: Config) -> list[Result]:
+def measure(case: dict, variant: str) -> dict:
+    """Worker: `readers` readers of one source read to the end, one after the other, after a warm-up read by one
+    reader; rows each reader read, the slowest reader's seconds and all readers' seconds."""
+    cfg = Config(**case["config"])
+    datasets.disable_progress_bars()
     rows = make_rows(cfg)
-    table = datasets.Dataset.from_list([{"input_ids": row["input_ids"].tolist()} for row in rows])
+    source, mode = variant.split("/")
+    if source == "iterable":
+        table = datasets.Dataset.from_list([{"input_ids": row["input_ids"].tolist()} for row in rows])
 
-    def iterable():
-        counter = ReadCounter()
-        return table.to_iterable_dataset(num_shards=cfg.num_shards).map(counter), counter
+        def make_source():
+            counter = ReadCounter()
+            return table.to_iterable_dataset(num_shards=cfg.num_shards).map(counter), counter
 
-    def random_access():
-        counter = ReadCounter(rows)
-        return counter, counter
+    else:
 
-    cases = [("iterable", "shards", iterable), ("iterable", "rows", iterable), ("list", "rows", random_access)]
+        def make_source():
+            counter = ReadCounter(rows)
+            return counter, counter
+
+    read_all(make_source, num_readers=1, sharding=_sharding(mode), cfg=cfg)  # warm-up
+    reads, seconds = read_all(make_source, num_readers=case["readers"], sharding=_sharding(mode), cfg=cfg)
+    return {"reads": reads, "slowest_s": max(seconds), "all_s": sum(seconds)}
+
+
+def summarize(runs, cfg: Config) -> list[Result]:
+    """Per reader count and variant: rows read, and the times over the runs (median, min-max); the time of all
+    readers over that of the iterable split by shards, within each repeat and of the medians."""
     results = []
-    for num_readers in cfg.readers:
-        slowest, totals, reads = {case: [] for case in cases}, {case: [] for case in cases}, {}
-        for case in cases:  # warm-up
-            read_all(case[2], num_readers=1, sharding=_sharding(case[1]), cfg=cfg)
-        for _ in range(cfg.repeats):
-            for case in cases:  # the modes take turns, so a busy moment of the machine hits them alike
-                reads[case], seconds = read_all(case[2], num_readers=num_readers, sharding=_sharding(case[1]), cfg=cfg)
-                slowest[case].append(max(seconds))
-                totals[case].append(sum(seconds))
-        for case in cases:
-            source, mode, _ = case
+    for run in runs:
+        for variant in VARIANTS:
+            source, mode = variant.split("/")
+            reads = run.first(variant, "reads")
+            slowest, total = run.spread(variant, "slowest_s"), run.spread(variant, "all_s")
+            ratio = run.ratio(variant, "iterable/shards", "all_s")
             results.append(
                 Result(
                     source,
                     mode,
-                    num_readers,
-                    min(reads[case]),
-                    max(reads[case]),
-                    sum(reads[case]),
+                    run.case["readers"],
+                    min(reads),
+                    max(reads),
+                    sum(reads),
                     cfg.num_rows,
-                    statistics.median(slowest[case]),
-                    statistics.median(totals[case]),
-                    min(totals[case]),
-                    max(totals[case]),
+                    slowest["median"],
+                    total["median"],
+                    total["min"],
+                    total["max"],
+                    ratio["of_medians"],
+                    ratio["min"],
+                    ratio["max"],
                 )
             )
-            print(f"{source} {mode} x{num_readers}: {sum(reads[case]):,} reads, {results[-1].all_s_median:.2f} s")
     return results
 
 
@@ -150,43 +171,50 @@ def _sharding(mode: str) -> str:
 def markdown(results: list[Result]) -> str:
     lines = [
         "| source | split by | readers | rows read per reader (min-max) | total reads | reads per row "
-        "| slowest reader s | all readers s (median, min-max) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| slowest reader s | all readers s (median, min-max) | all readers, x shards' time (min-max) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r.source} | {'shards' if r.mode == 'shards' else 'row index'} | {r.readers} | {r.reads_min:,}-"
             f"{r.reads_max:,} | {r.reads_total:,} | {r.reads_total / r.rows:.2f} | {r.slowest_s_median:.2f} | "
-            f"{r.all_s_median:.2f} ({r.all_s_min:.2f}-{r.all_s_max:.2f}) |"
+            f"{r.all_s_median:.2f} ({r.all_s_min:.2f}-{r.all_s_max:.2f}) | "
+            f"{r.vs_shards:.2f} ({r.vs_shards_min:.2f}-{r.vs_shards_max:.2f}) |"
         )
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-rows", type=int, default=Config.num_rows)
-    parser.add_argument("--num-shards", type=int, default=Config.num_shards)
-    parser.add_argument("--readers", type=int, nargs="+", default=list(Config.readers))
-    parser.add_argument("--repeats", type=int, default=Config.repeats)
+def main(argv: list[str] | None = None) -> list[Result] | None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if serve_worker(argv, measure):
+        return None
+    parser = script_parser(__file__, __doc__)
+    parser.add_argument("--num-rows", type=positive_int, default=Config.num_rows, help="rows of the stream")
+    parser.add_argument("--num-shards", type=positive_int, default=Config.num_shards, help="shards of the iterable")
+    parser.add_argument(
+        "--readers", type=positive_int, nargs="+", default=list(Config.readers), help="reader counts, one case each"
+    )
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
+    add_repeat_arguments(parser, repeats=Config.repeats)
     args = parser.parse_args(argv)
     if max(args.readers) > args.num_shards:
         parser.error(f"--num-shards {args.num_shards} must be at least the most readers ({max(args.readers)})")
-    datasets.disable_progress_bars()
     cfg = Config(num_rows=args.num_rows, num_shards=args.num_shards, readers=tuple(args.readers), repeats=args.repeats)
-    results = run(cfg)
-    table = markdown(results)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "config": asdict(cfg),
-            "versions": {"datasets": datasets.__version__},
-            "results": [asdict(r) for r in results],
-        }
-        (out / "results.json").write_text(json.dumps(payload, indent=1))
-        (out / "results.md").write_text(table + "\n")
+    runs = run_repeats(
+        [sys.executable, __file__],
+        [{"readers": readers, "config": asdict(cfg)} for readers in cfg.readers],
+        VARIANTS,
+        repeats=args.repeats,
+        label=lambda case: f"{case['readers']} readers",
+        progress=not args.no_progress,
+    )
+    results = summarize(runs, cfg)
+    command = command_line(__file__, argv)
+    text = f"command: `{command}`\n\n{markdown(results)}"
+    print(text)
+    payload = {"command": command, "config": asdict(cfg), "versions": {"datasets": datasets.__version__}}
+    payload |= {"results": [asdict(r) for r in results], "runs": [run.to_json() for run in runs]}
+    write_results(args.out, "results", payload, text)
     return results
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .batches import PEER_MODE, real_tokens, slot_tokens
+from .repeats import spread
 
 NOISY_SPREAD = 0.25
 """(max - min) / median of the headline ratio above which the run is flagged as too noisy to trust."""
@@ -35,9 +36,9 @@ def summarize(
         peak = [p["peak_memory_bytes"] for p in passes]
         added = [p["added_memory_bytes"] for p in passes]
         modes[mode] = {
-            "tokens_per_s": _spread(tps),
-            "tokens_per_cpu_s": _spread(cpu_tps) if device.type == "cpu" else None,
-            "seconds_per_step": _spread(step_s),
+            "tokens_per_s": spread(tps),
+            "tokens_per_cpu_s": spread(cpu_tps) if device.type == "cpu" else None,
+            "seconds_per_step": spread(step_s),
             "peak_memory_bytes": None if None in peak else int(np.median(peak)),
             "peak_memory_over_baseline_bytes": None if None in added else int(np.median(added)),
             "real_tokens_per_epoch": real,
@@ -85,13 +86,7 @@ def _repeat_ratios(passes: list[dict], baseline: list[dict], key: str) -> dict:
     """Throughput ratio to the baseline within each repeat: every mode trains the same tokens per pass, so it is the
     baseline's pass time over this mode's pass time."""
     base = np.array([sum(p[key]) for p in baseline])
-    return _spread(base / np.array([sum(p[key]) for p in passes]))
-
-
-def _spread(values) -> dict:
-    values = np.asarray(values, dtype=np.float64)
-    median, low, high = float(np.median(values)), float(values.min()), float(values.max())
-    return {"median": median, "min": low, "max": high, "n": int(values.size)}
+    return spread(base / np.array([sum(p[key]) for p in passes]))
 
 
 def cpu_name() -> str:

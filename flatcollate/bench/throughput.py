@@ -17,18 +17,17 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 import flatcollate
 
 from ..models import apply_overrides, tiny_config
-from .batches import default_pack_len, has_packing, step_batches, synthetic_sequences
 from .config import MODES, PEER_MODE, ThroughputConfig
 from .memory import PeakMemory
-from .profiles import load_profile, padded_fill
+from .plan import Plan, plan_batches, profile_fill
+from .repeats import run_order
 from .summary import summarize
 
 
@@ -60,30 +59,23 @@ def bench_threads(threads: int | None, device: torch.device):
         torch.set_num_threads(previous_threads)
 
 
+def model_summary(model: PreTrainedModel) -> dict:
+    """Type, parameter count and sizes of the model trained, for the report."""
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    return {
+        "model_type": model.config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **{name: getattr(model.config, name, None) for name in sizes},
+    }
+
+
 def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> dict:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     model = build_model(config, device=device, dtype=dtype)
     # transformers' own padding-free path runs on a model flatcollate has not prepared (no packed backend, no guard).
     peer = build_model(config, device=device, dtype=dtype, prepare=False) if PEER_MODE in config.modes else None
-    vocab = model.config.vocab_size
-    profile = load_profile(config.profile)
-    pool = synthetic_sequences(
-        profile, config.steps * config.batch_size, max_length=config.max_length, vocab_size=vocab, seed=config.seed
-    )
-    warm = synthetic_sequences(
-        profile, config.batch_size, max_length=config.max_length, vocab_size=vocab, seed=config.seed + 1
-    )
-    pack_len = config.pack_len or default_pack_len(pool, batch_size=config.batch_size, max_length=config.max_length)
-    skipped = {} if has_packing() else {"packed": "flatcollate.data.packing is not available"}
-    modes = [m for m in config.modes if m not in skipped]
-    collator = flatcollate.DataCollatorWithFlattening()
-    kwargs = {"batch_size": config.batch_size, "max_length": config.max_length, "pack_len": pack_len}
-    batches, warm_batches, collate_s = {}, {}, {}
-    for mode in modes:
-        start = time.perf_counter()
-        batches[mode] = step_batches(pool, mode, flattening_collator=collator, **kwargs)
-        collate_s[mode] = time.perf_counter() - start
-        warm_batches[mode] = step_batches(warm, mode, flattening_collator=collator, **kwargs)[: config.warmup_steps]
+    plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=config.modes)
+    modes, batches, warm_batches = plan.modes, plan.batches, plan.warm_batches
     flat_attn = resolve_flattened_attn(config.flattened_attn)
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     memory = PeakMemory(device)
@@ -97,49 +89,41 @@ def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> d
         trained = _model_for(mode, model, peer, flat_attn)
         warm_up = batches[mode][:SETTLE_STEPS]
         settle_passes[mode] = settle(trained, warm_up, initial, lr=config.lr, device=device, bar=bar)
-    for repeat in range(config.repeats):
-        # Rotate the order each repeat so slow phases of a shared machine do not always hit the same mode.
-        for mode in modes[repeat % len(modes) :] + modes[: repeat % len(modes)]:
-            bar.set_postfix(repeat=repeat, mode=mode)
-            trained = _model_for(mode, model, peer, flat_attn)
-            run_pass(trained, warm_batches[mode], initial, lr=config.lr, device=device, bar=bar)
-            memory.reset()
-            record = run_pass(trained, batches[mode], initial, lr=config.lr, device=device, bar=bar)
-            peak = memory.peak()
-            record["peak_memory_bytes"] = peak
-            record["added_memory_bytes"] = None if peak is None or memory.baseline is None else peak - memory.baseline
-            runs[mode].append(record)
+    # The order rotates each repeat so slow phases of a shared machine do not always hit the same mode.
+    for repeat, mode in run_order(modes, config.repeats):
+        bar.set_postfix(repeat=repeat, mode=mode)
+        trained = _model_for(mode, model, peer, flat_attn)
+        runs[mode].append(timed_pass(trained, plan, mode, initial, lr=config.lr, memory=memory, bar=bar))
     bar.close()
-    # The real-token share a padded batch of this size has over the whole profile, not only the sequences drawn here.
-    prompt, completion = profile.sample(PROFILE_FILL_SAMPLE, seed=config.seed)
-    profile_fill = {
-        "truncated": padded_fill(np.minimum(prompt + completion, config.max_length), batch_size=config.batch_size),
-        "untruncated": padded_fill(prompt + completion, batch_size=config.batch_size),
-    }
     result = summarize(
         config,
         runs,
         batches,
-        collate_s,
-        pool=pool,
-        pack_len=pack_len,
-        skipped=skipped,
+        plan.collate_s,
+        pool=plan.pool,
+        pack_len=plan.pack_len,
+        skipped=plan.skipped,
         device=device,
         attn=flat_attn,
-        profile_fill=profile_fill,
+        profile_fill=profile_fill(config),
         settle_passes=settle_passes,
     )
-    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
-    result["model"] = {
-        "model_type": model.config.model_type,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        **{name: getattr(model.config, name, None) for name in sizes},
-    }
+    result["model"] = model_summary(model)
     return result
 
 
-PROFILE_FILL_SAMPLE = 20_000
-"""Sequences drawn to estimate the profile's own padded real-token share."""
+def timed_pass(model, plan: Plan, mode: str, initial: dict, *, lr: float, memory: PeakMemory, bar) -> dict:
+    """One untimed pass over the mode's warm-up batches, then the timed pass over its batches (`run_pass`), with the
+    peak memory of the timed pass (`peak_memory_bytes`) and what it added (`added_memory_bytes`)."""
+    device = memory.device
+    run_pass(model, plan.warm_batches[mode], initial, lr=lr, device=device, bar=bar)
+    memory.reset()
+    record = run_pass(model, plan.batches[mode], initial, lr=lr, device=device, bar=bar)
+    peak = memory.peak()
+    record["peak_memory_bytes"] = peak
+    record["added_memory_bytes"] = None if peak is None or memory.baseline is None else peak - memory.baseline
+    return record
+
 
 SETTLE_STEPS = 4
 """Batches of a settling pass: the first ones of the timed pass, so the shapes are those that will be timed."""
@@ -211,23 +195,25 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def model_config(config: ThroughputConfig) -> PretrainedConfig:
+    """The model's config: the tiny one with `model_overrides`, or the config's own sizes with them."""
+    if config.tiny:
+        return tiny_config(config.model, **config.model_overrides)
+    from_folder = Path(config.model).is_dir()
+    base = AutoConfig.from_pretrained(config.model) if from_folder else AutoConfig.for_model(config.model)
+    apply_overrides(base, **config.model_overrides)  # per-layer lists follow a new num_hidden_layers
+    return base
+
+
 def build_model(
     config: ThroughputConfig, *, device: torch.device, dtype: torch.dtype, prepare: bool = True
 ) -> PreTrainedModel:
     """Random-weight causal LM from the config (no download), in train mode, without a KV cache; `prepare` runs
     `prepare_model_for_flattening` on it."""
-    if config.tiny:
-        model_config = tiny_config(config.model, **config.model_overrides)
-    else:
-        model_config = (
-            AutoConfig.from_pretrained(config.model)
-            if Path(config.model).is_dir()
-            else AutoConfig.for_model(config.model)
-        )
-        apply_overrides(model_config, **config.model_overrides)  # per-layer lists follow a new num_hidden_layers
-    model_config.use_cache = False
+    model_config_ = model_config(config)
+    model_config_.use_cache = False
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa", dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_config(model_config_, attn_implementation="sdpa", dtype=dtype).to(device)
     if prepare:
         model = flatcollate.prepare_model_for_flattening(model)
     return model.train()

@@ -26,10 +26,10 @@ from ..models.vision import tiny_vision_config
 from ..vision import VisionDataCollatorWithFlattening
 from .config import MAX_IMAGES
 from .memory import PeakMemory
+from .plan import PROFILE_FILL_SAMPLE
 from .profiles import load_profile, padded_fill
 from .summary import summarize
 from .throughput import (
-    PROFILE_FILL_SAMPLE,
     SETTLE_STEPS,
     bench_threads,
     resolve_device,

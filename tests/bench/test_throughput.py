@@ -9,6 +9,7 @@ import torch
 
 import flatcollate
 from flatcollate.bench import batches as batches_module
+from flatcollate.bench import plan as plan_module
 from flatcollate.bench import throughput as throughput_module
 from flatcollate.bench.batches import (
     MODES,
@@ -20,15 +21,11 @@ from flatcollate.bench.batches import (
     synthetic_sequences,
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
+from flatcollate.bench.plan import PROFILE_FILL_SAMPLE
 from flatcollate.bench.profiles import LengthProfile, load_profile
 from flatcollate.bench.report import REPORT_FILES, headline_lines, markdown_table, summary_text, write_report
 from flatcollate.bench.summary import cpu_name, headline
-from flatcollate.bench.throughput import (
-    MAX_SETTLE_PASSES,
-    PROFILE_FILL_SAMPLE,
-    ThroughputConfig,
-    run_throughput,
-)
+from flatcollate.bench.throughput import MAX_SETTLE_PASSES, ThroughputConfig, run_throughput
 
 TINY = {
     "hidden_size": 32,
@@ -250,7 +247,7 @@ def test_summary_explains_the_real_token_share(result):
 
 
 def test_packed_mode_is_skipped_without_packing(monkeypatch):
-    monkeypatch.setattr(throughput_module, "has_packing", lambda: False)
+    monkeypatch.setattr(plan_module, "has_packing", lambda: False)
     config = ThroughputConfig(
         model_overrides=TINY, profile="gsm8k", batch_size=2, max_length=32, steps=1, warmup_steps=0, repeats=1
     )
