@@ -5,6 +5,8 @@ model so that nothing attends across sequences.
 Imports from flatcollate: `_conventions`, `collate`, `modeling`, `vision`, `preference`.
 """
 
+from .dpo import FlatDPOTrainer
+from .reward import FlatRewardTrainer
 from .sft import FlatSFTTrainer
 
-__all__ = ["FlatSFTTrainer"]
+__all__ = ["FlatDPOTrainer", "FlatRewardTrainer", "FlatSFTTrainer"]
