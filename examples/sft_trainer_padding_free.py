@@ -11,24 +11,12 @@ pre-tokenized prompt/completion ids with a `completion_mask`, folded into labels
 import argparse
 import tempfile
 
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import WhitespaceSplit
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer
 from trl import SFTConfig
 
 from flatcollate.integrations.trl import FlatSFTTrainer
 from flatcollate.models import tiny_causal_lm
-from flatcollate.synthetic import synthetic_sft_dataset
-
-
-def offline_tokenizer(vocab_size: int = 256) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer built in memory (no download): the examples' ids are random, so any vocabulary of the
-    right size serves; `<pad>` and `<eos>` are its last two ids."""
-    vocab = {f"t{i}": i for i in range(vocab_size - 2)} | {"<pad>": vocab_size - 2, "<eos>": vocab_size - 1}
-    backend = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
-    backend.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+from flatcollate.synthetic import offline_tokenizer, synthetic_sft_dataset
 
 
 def to_completion_mask(row: dict) -> dict:
@@ -52,9 +40,19 @@ def main(argv: list[str] | None = None) -> dict:
     model = tiny_causal_lm("llama", vocab_size=vocab, seed=args.seed).train()
     with tempfile.TemporaryDirectory() as tmp:
         config = SFTConfig(
-            output_dir=tmp, padding_free=True, max_length=None, completion_only_loss=True,
-            per_device_train_batch_size=args.batch_size, num_train_epochs=1, logging_steps=1, save_strategy="no",
-            report_to=[], use_cpu=True, bf16=False, seed=args.seed, disable_tqdm=True,
+            output_dir=tmp,
+            padding_free=True,
+            max_length=None,
+            completion_only_loss=True,
+            per_device_train_batch_size=args.batch_size,
+            num_train_epochs=1,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            bf16=False,
+            seed=args.seed,
+            disable_tqdm=True,
         )
         trainer = FlatSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
         trainer.train()
@@ -64,8 +62,10 @@ def main(argv: list[str] | None = None) -> dict:
         "attn_implementation": model.config._attn_implementation,
         "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
     }
-    print(f"{result['optimizer_steps']} optimizer steps with {result['collator']} "
-          f"and attention '{result['attn_implementation']}'")
+    print(
+        f"{result['optimizer_steps']} optimizer steps with {result['collator']} "
+        f"and attention '{result['attn_implementation']}'"
+    )
     return result
 
 

@@ -1,4 +1,5 @@
-"""Synthetic SFT data for offline examples: random token ids whose lengths follow a real length profile."""
+"""Synthetic data for offline examples: random token ids whose lengths follow a real length profile, and a word-level
+tokenizer built in memory for them."""
 
 import datasets
 import numpy as np
@@ -53,3 +54,22 @@ def synthetic_sft_dataset(
         rows["input_ids"].append(prompt + completion)
         rows["labels"].append([IGNORE_INDEX] * len(prompt) + completion)
     return datasets.Dataset.from_dict(rows)
+
+
+def offline_tokenizer(vocab_size: int = 256):
+    """A word-level tokenizer built in memory (no download) whose words are `t0`, `t1`, ...: synthetic ids are
+    random, so any vocabulary of the right size serves; `<pad>` and `<eos>` are its last two ids.
+
+    >>> tokenizer = offline_tokenizer()
+    >>> tokenizer("t3 t7")["input_ids"], len(tokenizer), tokenizer.eos_token_id
+    ([3, 7], 256, 255)
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size - 2)} | {"<pad>": vocab_size - 2, "<eos>": vocab_size - 1}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")

@@ -49,7 +49,7 @@ def test_every_example_documents_a_command_without_arguments():
         assert [path.relative_to(ROOT).as_posix()] in docstring_commands(path), path.name
 
 
-TRL_EXAMPLES = {"sft_trainer_padding_free.py"}
+TRL_EXAMPLES = {"sft_trainer_padding_free.py", "dpo_padding_free.py"}
 """Examples that show TRL's trainer; every other one runs on the base install, without the `[trl]` extra."""
 
 
