@@ -2,8 +2,11 @@
 
 - `logprobs`: `sequence_logprobs`, each sequence's log-probabilities of its labelled tokens (DPO, GRPO log-prob
   passes), the label shift never crossing a boundary;
-- `scores`: `sequence_scores`, a sequence-classification head (reward model) applied at each sequence's last token;
-- `collate`: `DataCollatorForPreference`, each example's chosen and rejected sequences in one flattened row.
+- `scores`: `sequence_scores`, a sequence-classification head (reward model) applied at each sequence's last token,
+  and `prepare_reward_model`, which prepares the backbone for it;
+- `collate`: `DataCollatorForPreference`, each example's chosen and rejected sequences in one flattened row;
+- `reward_collate`: `DataCollatorForRewardPairs`, tokenized reward pairs (`chosen_ids`, `rejected_ids`, `margin`) in
+  one flattened row, every chosen sequence then every rejected one.
 
 The TRL trainers built on them live in `flatcollate.integrations.trl`. Each public name is imported from its module on
 first use.
@@ -15,6 +18,8 @@ from .._lazy import lazy_exports
 
 _SOURCES = {
     "DataCollatorForPreference": "collate",
+    "DataCollatorForRewardPairs": "reward_collate",
+    "prepare_reward_model": "scores",
     "sequence_logprobs": "logprobs",
     "sequence_scores": "scores",
 }
