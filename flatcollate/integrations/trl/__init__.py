@@ -6,7 +6,8 @@ Imports from flatcollate: `_conventions`, `collate`, `modeling`, `vision`, `pref
 """
 
 from .dpo import FlatDPOTrainer
+from .grpo import FlatGRPOTrainer
 from .reward import FlatRewardTrainer
 from .sft import FlatSFTTrainer
 
-__all__ = ["FlatDPOTrainer", "FlatRewardTrainer", "FlatSFTTrainer"]
+__all__ = ["FlatDPOTrainer", "FlatGRPOTrainer", "FlatRewardTrainer", "FlatSFTTrainer"]
