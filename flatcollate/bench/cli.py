@@ -4,12 +4,11 @@ With no arguments it runs an embedded offline default on the CPU in a couple of 
 the "flan" length profile, batch 8, one torch thread) and prints padding efficiency, tokens/s per mode, ratios,
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
 batches, with their spread over repeats. `--vision` measures image-text training instead (see
-`flatcollate.bench.vision`).
+`flatcollate.bench.vision`), `--task dpo` preference training: trl.DPOTrainer on padded batches against
+FlatDPOTrainer on flattened rows (see `flatcollate.bench.dpo`).
 """
 
 import argparse
-import difflib
-import json
 import math
 import os
 from dataclasses import fields
@@ -19,8 +18,9 @@ from ..cli import HelpFormatter, UsageError
 
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
-from .config import MAX_IMAGES, MODES, ThroughputConfig, available_profiles
+from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig, available_pair_profiles, available_profiles
 from .options import check_profile, check_writable
+from .overrides import check_overrides, parse_overrides
 
 TEXT_ONLY = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
 TEXT_ONLY |= {"attn": "--attn"}
@@ -144,15 +144,7 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputConfig:
     """`ThroughputConfig` from parsed options; `--set` values on top of the default tiny sizes."""
     default = ThroughputConfig()
-    overrides = dict(default.model_overrides) if not args.full_size else {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set hidden_size=256).")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = parse_overrides(args.overrides, default.model_overrides if not args.full_size else {})
     values = {
         "model": args.model or default.model,
         "tiny": not args.full_size,
@@ -194,11 +186,11 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
     output folder that cannot be written. Runs before any training."""
     import torch
 
-    from ..check.cli import validate_model_argument
+    from ..check.options import validate_model_argument
 
     validate_model_argument(config.model)
     check_profile(config.profile)
-    _check_overrides(config, set_keys)
+    check_overrides(config, set_keys)
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(
             f"--device cuda: CUDA is not available (torch {torch.__version__}, "
@@ -208,32 +200,12 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
         check_writable(Path(out_dir))
 
 
-def _check_overrides(config: ThroughputConfig, keys: set[str]) -> None:
-    """Every override names an attribute of the model's config; sizes that are positive integers stay so."""
-    from transformers import AutoConfig
-
-    from ..models import tiny_config
-
-    base = (
-        AutoConfig.from_pretrained(config.model) if Path(config.model).is_dir() else AutoConfig.for_model(config.model)
-    )
-    if config.tiny:
-        base = tiny_config(base)
-    known = set(base.to_dict()) | set(base.attribute_map)
-    for key in sorted(keys):
-        if key not in known and not hasattr(base, key):
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise UsageError(f"--set {key}: the {base.model_type} config has no attribute {key!r}{hint}")
-        current, value = getattr(base, key, None), config.model_overrides[key]
-        is_size = isinstance(current, int) and not isinstance(current, bool) and current > 0
-        if is_size and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            raise UsageError(
-                f"--set {key}={json.dumps(value)}: {key} is a positive integer (the config has {current})."
-            )
-
-
 def _command(args: argparse.Namespace) -> int:
+    if args.task == "dpo":
+        from .dpo_cli import run_dpo_command
+
+        return run_dpo_command(args)
+    args.profile = args.profile or ThroughputConfig().profile
     _refuse_options_of_the_other_profile(args)
     if args.vision:
         from .vision_report import run_vision_command
@@ -267,9 +239,18 @@ def register_cli(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     parser.add_argument(
+        "--task",
+        choices=("sft", "dpo"),
+        default="sft",
+        help="sft: supervised fine-tuning, the modes below; dpo: trl.DPOTrainer (padded) vs FlatDPOTrainer "
+        "(flattened) on preference pairs, --batch-size pairs per step (needs trl)",
+    )
+    parser.add_argument(
         "--profile",
-        default=ThroughputConfig().profile,
-        help=f"length profile: one of {', '.join(available_profiles())}, a tokenized dataset folder, or a lengths file",
+        default=None,
+        help=f"length profile: one of {', '.join(available_profiles())}, a tokenized dataset folder, or a lengths "
+        f"file; with --task dpo a pair profile, one of {', '.join(available_pair_profiles())} (default: "
+        f"{ThroughputConfig().profile}; --task dpo: {DPOBenchConfig().profile})",
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
     add_arguments(parser)

@@ -2,6 +2,8 @@
 
 - `model`: `check_model`, the entry point: text families (`text`) or image-text-to-text families (`vision`);
 - `runs`: the runs every check makes and the one per-backend comparison loop; `report`: verdicts and reports;
+- `tasks`: the checks of what training after SFT reads (`--task dpo`: per-sequence log-probabilities, `--task reward`:
+  per-sequence scores);
 - `lengths`: sequence lengths that reach every window a config declares;
 - `cli`: the `flatcollate check` command (builds its parser without importing torch).
 
@@ -10,7 +12,8 @@ other package of flatcollate (it proves them); none of them imports the check.
 
 Each public name is imported from its module on first use, so `flatcollate check --help` loads no torch.
 
-Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `attention`, `modeling`, `models`, `vision`.
+Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `attention`, `modeling`, `models`, `vision`,
+`preference`.
 """
 
 from .._lazy import lazy_exports
@@ -19,6 +22,7 @@ _SOURCES = {
     "BackendResult": "report",
     "CheckReport": "report",
     "DEFAULT_BACKENDS": "text",
+    "TASKS": "tasks",
     "check_model": "model",
     "exact_within": "vision",
     "image_text_model_type": "vision",

@@ -5,6 +5,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .report import CheckReport
+from .tasks import check_task_model
 from .text import DEFAULT_BACKENDS, check_text_model
 from .vision import check_vision_model, image_text_model_type
 
@@ -19,6 +20,7 @@ def check_model(
     overrides: dict | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    task: str = "sft",
 ) -> CheckReport:
     """Compare a flattened batch with the same sequences run one at a time, per attention backend.
 
@@ -42,6 +44,10 @@ def check_model(
             kernels); the fp32 reference always runs on the CPU.
         dtype (`torch.dtype`): dtype of the candidate (`torch.bfloat16`, `torch.float16`, `torch.float32`).
         overrides (`dict`, *optional*): config attributes for the tiny model, e.g. `{"sliding_window": 4}`.
+        task (`str`, defaults to `"sft"`): what is compared: the causal-LM logits, loss and gradients (`"sft"`), each
+            sequence's completion log-probabilities (`"dpo"`, what `FlatDPOTrainer` and `FlatGRPOTrainer` read) or
+            its reward score (`"reward"`, what `FlatRewardTrainer` reads); see `flatcollate.check.tasks`. The last two
+            take text families in fp32 on the CPU.
 
     Returns:
         `CheckReport`, one `BackendResult` per backend.
@@ -51,7 +57,15 @@ def check_model(
     (True, 'exact')
     """
     options = {"backends": backends, "lengths": lengths, "seed": seed, "tolerance": tolerance, "overrides": overrides}
+    image_text = image_text_model_type(model.config if isinstance(model, PreTrainedModel) else model) is not None
+    if task != "sft":
+        if image_text or torch.device(device).type != "cpu" or dtype != torch.float32:
+            raise ValueError(
+                f"task={task!r} checks text families in float32 on the CPU; leave `device` and `dtype` unset and pass "
+                "a text model_type (image-text preference rows are not flattened)."
+            )
+        return check_task_model(model, task=task, **options)
     options |= {"device": device, "dtype": dtype}
-    if image_text_model_type(model.config if isinstance(model, PreTrainedModel) else model) is not None:
+    if image_text:
         return check_vision_model(model, **options)
     return check_text_model(model, **options)

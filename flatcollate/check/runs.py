@@ -67,12 +67,16 @@ def compare_backends(
     candidate: Callable[[PreTrainedModel], PreTrainedModel] = copy.deepcopy,
     refusals: tuple[type[Exception], ...] = (ValueError,),
     describe: Callable[[Exception], str] = first_line,
+    run: Callable[[PreTrainedModel, dict], Outputs] = run_flat,
+    prepare: Callable[[PreTrainedModel], object] = prepare_model_for_flattening,
+    unsupported: Callable[[PreTrainedModel], str | None] = unsupported_reason,
 ) -> tuple[list[BackendResult], dict[str, tuple[PreTrainedModel, torch.Tensor]]]:
     """Run `batch` through a copy of `base` per backend and compare it with `reference`.
 
-    `"flatcollate"` runs `prepare_model_for_flattening` (or is `unsupported` with the family's reason); any other
-    backend is one of transformers' own, run unprepared. A model that refuses the batch by raising one of `refusals`
-    is `unsupported` with `describe(error)` as the reason; anything else propagates.
+    `"flatcollate"` runs `prepare` (or is `unsupported` with the family's reason, `unsupported(model)`); any other
+    backend is one of transformers' own, run unprepared. `run(model, batch)` gives the compared outputs (by default a
+    causal LM's logits, loss and gradients). A model that refuses the batch by raising one of `refusals` is
+    `unsupported` with `describe(error)` as the reason; anything else propagates.
 
     Returns:
         The verdicts in `backends` order, and `{backend: (model, logits)}` for each backend that ran.
@@ -81,14 +85,14 @@ def compare_backends(
     for backend in backends:
         model = candidate(base)
         if backend == ATTN_IMPLEMENTATION:
-            reason = unsupported_reason(model)
+            reason = unsupported(model)
             if reason is None:
-                prepare_model_for_flattening(model)
+                prepare(model)
         else:
             reason = set_vanilla(model, backend)
         if reason is None:
             try:
-                outputs = run_flat(model, batch)
+                outputs = run(model, batch)
             except refusals as error:  # a model or kernel that refuses flattened rows says so
                 reason = describe(error)
         if reason is not None:

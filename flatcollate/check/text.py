@@ -143,5 +143,3 @@ def _tolerances(base, batch, tolerance, device, dtype, reference) -> dict[str, f
         "loss_diff": max(2 * (loss.cpu() - ref_loss).abs().item(), eps * ref_loss.abs().item()),
         "grad_diff": max(2 * max_grad_diff(grads, ref_grads), eps * largest_grad),
     }
-
-
