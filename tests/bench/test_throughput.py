@@ -352,3 +352,14 @@ def test_set_keys_are_checked_against_the_config(tmp_path):
     with pytest.raises(UsageError, match="no attribute 'hidden_sise'; did you mean hidden_size"):
         validate(config, tmp_path, set_keys={"hidden_sise"})
     validate(ThroughputConfig(model_overrides={**TINY, "rms_norm_eps": 1e-5}), tmp_path, set_keys={"rms_norm_eps"})
+
+
+def test_the_bench_command_trains_every_mode_in_its_own_process(tmp_path, capsys):
+    """`flatcollate bench` measures as the published figures are measured: each (mode, repeat) a fresh process."""
+    from flatcollate.cli import main
+
+    argv = ["bench", "--steps", "1", "--repeats", "2", "--modes", "padded", "flattened", "--no-progress"]
+    assert main([*argv, "--out-dir", str(tmp_path)]) in (0, None)
+    result = json.loads((tmp_path / "throughput.json").read_text())
+    assert result["environment"]["process_per_pass"] is True
+    assert "x padded" in capsys.readouterr().out
