@@ -2,15 +2,24 @@
 
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch.
 
+The DPO benchmark (`dpo`, `flatcollate bench --task dpo`) trains TRL's trainers; it imports `integrations` (and so
+trl) only inside the worker that trains.
+
 Imports from flatcollate: `flatcollate` (its version), `_conventions`, `_lazy`, `cli`, `attention`, `data`, `modeling`,
-`models`, `vision`, `check`.
+`models`, `vision`, `check`, `integrations`, `synthetic`.
 """
 
 from .._lazy import lazy_exports
 
 _SOURCES = {
     "MODES": "config",
+    "DPOBenchConfig": "config",
     "ThroughputConfig": "config",
+    "PairProfile": "pair_profile",
+    "available_pair_profiles": "config",
+    "load_pair_profile": "pair_profile",
+    "run_dpo_bench": "dpo",
+    "write_dpo_report": "dpo_report",
     "SyntheticSequences": "batches",
     "step_batches": "batches",
     "synthetic_sequences": "batches",
@@ -27,17 +36,23 @@ _SOURCES = {
 
 __all__ = [
     "MODES",
+    "DPOBenchConfig",
     "LengthProfile",
+    "PairProfile",
     "SyntheticSequences",
     "ThroughputConfig",
+    "available_pair_profiles",
     "available_profiles",
+    "load_pair_profile",
     "load_profile",
     "markdown_table",
     "padded_fill",
+    "run_dpo_bench",
     "run_throughput",
     "step_batches",
     "summary_text",
     "synthetic_sequences",
+    "write_dpo_report",
     "write_report",
 ]
 

@@ -15,6 +15,9 @@ PEER_MODE = "hf_flattened"
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 """Folder of the named profiles shipped with the package."""
 
+PAIR_PROFILES_DIR = PROFILES_DIR / "pairs"
+"""Folder of the named pair profiles (prompt, chosen and rejected lengths of preference pairs)."""
+
 MAX_IMAGES = 3
 """Images per example of the vision profile are uniform on `0..MAX_IMAGES` by default."""
 
@@ -26,6 +29,15 @@ def available_profiles() -> list[str]:
     ['code_alpaca', 'flan', 'gsm8k', 'hh_rlhf']
     """
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def available_pair_profiles() -> list[str]:
+    """Names of the pair profiles shipped with the package (`flatcollate bench --task dpo`).
+
+    >>> available_pair_profiles()
+    ['hh_rlhf']
+    """
+    return sorted(p.stem for p in PAIR_PROFILES_DIR.glob("*.json"))
 
 
 CPU_MODEL = {
@@ -83,6 +95,44 @@ class ThroughputConfig:
     modes: tuple[str, ...] = DEFAULT_MODES
     pack_len: int | None = None
     flattened_attn: str = "auto"
+    lr: float = 1e-4
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "float32"
+    threads: int | None = None
+
+
+DPO_MODES = ("padded", "flattened")
+"""`flatcollate bench --task dpo`: `trl.DPOTrainer` on padded batches, `FlatDPOTrainer` on flattened rows."""
+
+
+@dataclass(frozen=True)
+class DPOBenchConfig:
+    """What the DPO benchmark measures (`flatcollate.bench.dpo`).
+
+    Args:
+        model (`str`), tiny (`bool`), model_overrides (`dict`): the model, as in `ThroughputConfig`.
+        profile (`str`): a pair profile (`available_pair_profiles()`) or a JSON file written by `PairProfile.save`.
+        batch_size (`int`): preference pairs per optimizer step (`2 * batch_size` sequences).
+        max_length (`int`): `DPOConfig.max_length`: longer sequences are truncated (keep the start); pairs whose
+            prompt alone is that long are not drawn (TRL drops them).
+        steps (`int`): timed optimizer steps of each run.
+        warmup_steps (`int`): untimed optimizer steps before them, on their own batches.
+        repeats (`int`): runs of each trainer, each in a fresh process, the trainers taking turns.
+        lr (`float`): AdamW learning rate, constant.
+        seed (`int`): seeds the lengths, the token ids, the weights and the trainers.
+        device (`str`), dtype (`str`), threads (`int`, *optional*): as in `ThroughputConfig`.
+    """
+
+    model: str = "llama"
+    tiny: bool = True
+    model_overrides: dict = field(default_factory=lambda: dict(CPU_MODEL))
+    profile: str = "hh_rlhf"
+    batch_size: int = 8
+    max_length: int = 1024
+    steps: int = 8
+    warmup_steps: int = 1
+    repeats: int = 5
     lr: float = 1e-4
     seed: int = 0
     device: str = "auto"

@@ -1,17 +1,22 @@
-"""Re-create the named length profiles in `flatcollate/bench/profiles/` from the shared length files.
+"""Re-create the named length profiles in `flatcollate/bench/profiles/` from the shared data.
 
-Usage: `python -m flatcollate.bench.make_profiles /path/to/shared/data`. The inputs hold one `[prompt, completion]`
-token-length row per example (Qwen2.5 tokenizer, no chat template); only the binned histograms are written.
+Usage: `python -m flatcollate.bench.make_profiles /path/to/shared/data`. The SFT profiles come from length files holding
+one `[prompt, completion]` token-length row per example (Qwen2.5 tokenizer, no chat template); only the binned
+histograms are written. The pair profiles (`profiles/pairs/`) are counted here from the preference transcripts with
+the tokenizer named in `PAIR_SOURCES` (`flatcollate.bench.pair_profile`); only the length triples are written.
 """
 
 import argparse
+import dataclasses
+import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 
-from .config import PROFILES_DIR
+from .config import PAIR_PROFILES_DIR, PROFILES_DIR
 from .length_profile import LengthProfile
+from .pair_profile import pair_profile_from_transcripts
 
 SOURCES = {
     "flan": "t0_mix_7k",
@@ -20,6 +25,9 @@ SOURCES = {
     "hh_rlhf": "hh_rlhf_messages",
 }
 """Profile name -> stem of the length file it is derived from."""
+
+PAIR_SOURCES = {"hh_rlhf": ("datasets/hh_rlhf_harmless_base_test.jsonl.gz", "qwen2.5-instruct")}
+"""Pair profile name -> (JSON-lines transcripts with `chosen` and `rejected`, tokenizer folder), in the data folder."""
 
 
 def make_profiles(shared_data: Path, out_dir: Path = PROFILES_DIR) -> list[Path]:
@@ -37,11 +45,35 @@ def make_profiles(shared_data: Path, out_dir: Path = PROFILES_DIR) -> list[Path]
     return written
 
 
+def make_pair_profiles(shared_data: Path, out_dir: Path = PAIR_PROFILES_DIR) -> list[Path]:
+    """Write one pair profile JSON per entry of `PAIR_SOURCES` (needs transformers); returns the written paths."""
+    from transformers import AutoTokenizer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (data_file, tokenizer_name) in PAIR_SOURCES.items():
+        tokenizer = AutoTokenizer.from_pretrained(shared_data / "tokenizers" / tokenizer_name)
+        with gzip.open(shared_data / data_file, "rt") as lines:
+            rows = [json.loads(line) for line in lines]
+        profile, skipped = pair_profile_from_transcripts(rows, tokenizer, name=name, source="")
+        source = (
+            f"{Path(data_file).name}: {profile.num_rows} of {len(rows)} pairs ({skipped} whose chosen and rejected "
+            f"heads differ left out), split at the last '\\n\\nAssistant:' (prompt = shared head + marker), tokenizer "
+            f"{tokenizer_name}, tokens, no chat template, no special tokens"
+        )
+        path = out_dir / f"{name}.json"
+        dataclasses.replace(profile, source=source).save(path)
+        written.append(path)
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shared_data", type=Path, help="folder holding lengths/*.json")
+    parser.add_argument("shared_data", type=Path, help="folder holding lengths/*.json, datasets/ and tokenizers/")
     parser.add_argument("--out-dir", type=Path, default=PROFILES_DIR)
-    for path in make_profiles(parser.parse_args().shared_data, parser.parse_args().out_dir):
+    args = parser.parse_args()
+    paths = make_profiles(args.shared_data, args.out_dir) + make_pair_profiles(args.shared_data, args.out_dir / "pairs")
+    for path in paths:
         print(f"wrote {path} ({path.stat().st_size} bytes)")
 
 

@@ -1,0 +1,120 @@
+"""What the DPO benchmark trains on: preference pairs whose lengths are drawn from a pair profile, as text of random
+words for an offline word-level tokenizer, and the padding `trl.DPOTrainer`'s batches of them carry.
+
+TRL tokenizes the prompt and each reply and appends the eos to each reply, so a pair of lengths `(p, c, r)` trains two
+sequences of `p + c + 1` and `p + r + 1` tokens, each cut to `max_length`. A batch of `N` pairs is `2N` sequences,
+chosen first; `DPOTrainer` pads them all to the longest, `FlatDPOTrainer` puts them in one row::
+
+    pairs (p, c, r)   (3, 1, 2)  (1, 1, 1)
+    padded (4, 6)     [p p p c e .]  [p c e . . .]  [p p p r r e]  [p r e . . .]     24 slots, 17 real
+    flattened (1, 17) [p p p c e | p c e | p p p r r e | p r e]
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import DPOBenchConfig
+from .pair_profile import load_pair_profile
+
+EOS_PER_REPLY = 1
+"""Tokens TRL appends to every reply of a text (not conversational) dataset: the eos."""
+
+PROFILE_FILL_PAIRS = 20_000
+"""Pairs drawn to estimate the padding of the whole profile at a batch size."""
+
+
+@dataclass(frozen=True)
+class PairDraw:
+    """Pairs drawn for one run, in training order.
+
+    Args:
+        prompt (`np.ndarray` of shape `(N,)`, int64): prompt tokens of each pair, all `< max_length`.
+        chosen (`np.ndarray` of shape `(N,)`, int64): chosen reply tokens, without the eos.
+        rejected (`np.ndarray` of shape `(N,)`, int64): rejected reply tokens, without the eos.
+        max_length (`int`): sequences are cut to it.
+    """
+
+    prompt: np.ndarray
+    chosen: np.ndarray
+    rejected: np.ndarray
+    max_length: int
+
+    def sequence_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens trained of each `prompt + chosen + eos` and `prompt + rejected + eos`, cut to `max_length`; two
+        `(N,)` int64 arrays."""
+        chosen, rejected = (self.prompt + reply + EOS_PER_REPLY for reply in (self.chosen, self.rejected))
+        return np.minimum(chosen, self.max_length), np.minimum(rejected, self.max_length)
+
+    @property
+    def truncated(self) -> int:
+        """Sequences longer than `max_length`, which lost their tail."""
+        full = np.concatenate([self.prompt + self.chosen, self.prompt + self.rejected]) + EOS_PER_REPLY
+        return int((full > self.max_length).sum())
+
+
+def draw_pairs(config: DPOBenchConfig, n: int | None = None, *, seed: int | None = None) -> PairDraw:
+    """`n` pairs (default: `(warmup_steps + steps) * batch_size`, the whole run) from the config's pair profile,
+    among those whose prompt is shorter than `max_length`."""
+    n = (config.warmup_steps + config.steps) * config.batch_size if n is None else n
+    profile = load_pair_profile(config.profile)
+    lengths = profile.sample(n, seed=config.seed if seed is None else seed, max_prompt=config.max_length)
+    return PairDraw(*lengths, max_length=config.max_length)
+
+
+def padded_pair_tokens(chosen: np.ndarray, rejected: np.ndarray, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Real and padded token counts of each of `DPOTrainer`'s batches: consecutive pairs, `batch_size` at a time
+    (the last batch may be smaller), the `2N` sequences padded to the longest of them.
+
+    Args:
+        chosen (`np.ndarray` of shape `(N,)`, int): tokens of each chosen sequence (prompt + reply), as trained.
+        rejected (`np.ndarray` of shape `(N,)`, int): same for the rejected sequences.
+        batch_size (`int`): pairs per batch.
+
+    Returns:
+        `(real, slots)`, each `np.ndarray` of shape `(B,)`, int64: tokens of the sequences and of the padded
+        `(2N, L)` batch.
+
+    >>> padded_pair_tokens(np.array([5, 2, 4]), np.array([6, 3, 1]), batch_size=2)
+    (array([16,  5]), array([24,  8]))
+    """
+    chosen, rejected = np.asarray(chosen, dtype=np.int64), np.asarray(rejected, dtype=np.int64)
+    starts = np.arange(0, chosen.size, batch_size)
+    pairs = np.diff(np.append(starts, chosen.size))
+    longest = np.maximum(np.maximum.reduceat(chosen, starts), np.maximum.reduceat(rejected, starts))
+    return np.add.reduceat(chosen + rejected, starts), 2 * pairs * longest
+
+
+def profile_padding(config: DPOBenchConfig) -> float:
+    """Padding fraction of `DPOTrainer`'s batches over `PROFILE_FILL_PAIRS` pairs of the profile, not only the
+    pairs one run draws."""
+    draw = draw_pairs(config, PROFILE_FILL_PAIRS)
+    real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=config.batch_size)
+    return float(1 - real.sum() / slots.sum())
+
+
+def pair_texts(draw: PairDraw, *, vocab_size: int, seed: int) -> list[dict[str, str]]:
+    """Pairs as text for `flatcollate.synthetic.offline_tokenizer(vocab_size)`: words `t<id>`, ids uniform in
+    `[0, vocab_size - 2)` (its last two ids are pad and eos). Replies start with a space, so TRL's
+    `prompt + reply` splits between the prompt's last word and the reply's first.
+
+    >>> draw = PairDraw(np.array([2]), np.array([1]), np.array([0]), max_length=8)
+    >>> [sorted(row) for row in pair_texts(draw, vocab_size=10, seed=0)]
+    [['chosen', 'prompt', 'rejected']]
+    """
+    rng = np.random.default_rng(seed)
+    words = np.char.add("t", np.arange(vocab_size - 2).astype(str))
+    counts = np.stack([draw.prompt, draw.chosen, draw.rejected], axis=1)
+    drawn = words[rng.integers(0, vocab_size - 2, size=int(counts.sum()))]
+    ends = np.cumsum(counts.ravel()).reshape(counts.shape)
+    starts = ends - counts
+    rows = []
+    for (p0, c0, r0), (p1, c1, r1) in zip(starts.tolist(), ends.tolist(), strict=True):  # one dict per pair
+        rows.append(
+            {
+                "prompt": " ".join(drawn[p0:p1]),
+                "chosen": "".join(" " + word for word in drawn[c0:c1]),
+                "rejected": "".join(" " + word for word in drawn[r0:r1]),
+            }
+        )
+    return rows
