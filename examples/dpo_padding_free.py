@@ -30,8 +30,9 @@ def preference_pairs(count: int, vocab_size: int, seed: int) -> Dataset:
         length = int(torch.randint(low, high, (1,), generator=generator))
         return " ".join(f"t{int(i)}" for i in torch.randint(0, vocab_size - 2, (length,), generator=generator))
 
+    # replies start with a space: TRL joins prompt and reply as they are
     return Dataset.from_list(
-        [{"prompt": words(4, 40), "chosen": words(1, 60), "rejected": words(1, 60)} for _ in range(count)]
+        [{"prompt": words(4, 40), "chosen": " " + words(1, 60), "rejected": " " + words(1, 60)} for _ in range(count)]
     )
 
 
