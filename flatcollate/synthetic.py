@@ -73,3 +73,20 @@ def offline_tokenizer(vocab_size: int = 256):
     backend = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+
+
+def synthetic_rows(num_examples: int, *, seed: int, max_len: int, vocab_size: int = 256) -> list[dict]:
+    """Tokenized rows of random lengths in `[1, max_len]`, about a third of their labels -100 (prompt tokens), as the
+    distributed examples and their tests use them.
+
+    >>> rows = synthetic_rows(3, seed=0, max_len=5)
+    >>> [len(r["input_ids"]) == len(r["labels"]) for r in rows], max(len(r["input_ids"]) for r in rows) <= 5
+    ([True, True, True], True)
+    """
+    rng = np.random.default_rng(seed)
+    rows = []
+    for length in rng.integers(1, max_len + 1, size=num_examples):  # one row per example
+        ids = rng.integers(0, vocab_size, size=int(length))
+        labels = np.where(rng.random(ids.size) < 0.3, IGNORE_INDEX, ids)
+        rows.append({"input_ids": ids.tolist(), "labels": labels.tolist()})
+    return rows

@@ -38,7 +38,6 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
@@ -50,6 +49,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from flatcollate import DataCollatorWithFlattening, TokenBudgetBatchSampler, prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
 from flatcollate.streaming import StreamingPacker
+from flatcollate.synthetic import synthetic_rows
 from flatcollate.training import count_items, global_num_items, normalized_loss
 
 # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated: a warning at every loader that
@@ -57,16 +57,6 @@ from flatcollate.training import count_items, global_num_items, normalized_loss
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", module=r"torchdata\.")
 
 COLLATOR = DataCollatorWithFlattening()
-
-
-def make_rows(num_examples: int, *, seed: int, max_len: int, vocab: int = 256) -> list[dict]:
-    """Synthetic tokenized rows of random lengths; about a third of the labels are -100 (prompt tokens)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for length in rng.integers(1, max_len + 1, size=num_examples):  # one row per example
-        ids = rng.integers(0, vocab, size=int(length))
-        rows.append({"input_ids": ids.tolist(), "labels": np.where(rng.random(ids.size) < 0.3, -100, ids).tolist()})
-    return rows
 
 
 def collate(items: list[dict]) -> dict:
@@ -90,7 +80,7 @@ class IndexedRows(torch.utils.data.Dataset):
 
 
 def make_loader(args: argparse.Namespace, rank: int, world_size: int) -> StatefulDataLoader:
-    rows = make_rows(args.num_examples, seed=args.seed, max_len=args.pack_len)
+    rows = synthetic_rows(args.num_examples, seed=args.seed, max_len=args.pack_len)
     if args.data == "stream":
         packer = StreamingPacker(
             rows, pack_len=args.pack_len, rank=rank, world_size=world_size, return_example_ids=True

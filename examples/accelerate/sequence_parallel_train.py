@@ -20,7 +20,6 @@ parameter, and the logits of group 0's row gathered from its ranks (padding remo
 import argparse
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
@@ -33,17 +32,8 @@ from flatcollate.parallel import (
     sequence_parallel_loss,
     sequence_parallel_mesh,
 )
+from flatcollate.synthetic import synthetic_rows
 from flatcollate.training import global_num_items
-
-
-def make_rows(num_examples: int, *, seed: int, max_len: int, vocab: int = 256) -> list[dict]:
-    """Synthetic tokenized rows of random lengths; about a third of the labels are -100 (prompt tokens)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for length in rng.integers(1, max_len + 1, size=num_examples):  # one row per example
-        ids = rng.integers(0, vocab, size=int(length))
-        rows.append({"input_ids": ids.tolist(), "labels": np.where(rng.random(ids.size) < 0.3, -100, ids).tolist()})
-    return rows
 
 
 def step_examples(step: int, group: int, *, num_groups: int, per_row: int, num_examples: int) -> list[int]:
@@ -97,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     model, optimizer = accelerator.prepare(model, optimizer)  # DDP over all processes: gradients averaged
     collator = DataCollatorForSequenceParallel(rank=sp_rank, world_size=sp_size)
-    rows = make_rows(args.num_examples, seed=args.seed, max_len=args.max_len)
+    rows = synthetic_rows(args.num_examples, seed=args.seed, max_len=args.max_len)
 
     steps = []
     for step in range(args.steps):

@@ -19,7 +19,6 @@ import contextlib
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -27,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.models import tiny_causal_lm
 from flatcollate.streaming import StreamingPacker
+from flatcollate.synthetic import synthetic_rows
 from flatcollate.training import count_items, global_num_items, normalized_loss
 
 # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated: a warning at every loader that
@@ -34,16 +34,6 @@ from flatcollate.training import count_items, global_num_items, normalized_loss
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", module=r"torchdata\.")
 
 COLLATOR = DataCollatorWithFlattening()
-
-
-def make_rows(num_examples: int, *, seed: int, max_len: int, vocab: int = 256) -> list[dict]:
-    """Synthetic tokenized rows of random lengths; about a third of the labels are -100 (prompt tokens)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for length in rng.integers(1, max_len + 1, size=num_examples):  # one row per example
-        ids = rng.integers(0, vocab, size=int(length))
-        rows.append({"input_ids": ids.tolist(), "labels": np.where(rng.random(ids.size) < 0.3, -100, ids).tolist()})
-    return rows
 
 
 def collate(packs: list[dict]) -> dict:
@@ -71,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     accelerator = Accelerator()
     world_size = accelerator.num_processes
-    rows = make_rows(args.num_examples, seed=args.seed, max_len=args.pack_len)
+    rows = synthetic_rows(args.num_examples, seed=args.seed, max_len=args.pack_len)
     packer = StreamingPacker(
         rows, pack_len=args.pack_len, rank=accelerator.process_index, world_size=world_size, return_example_ids=True
     )
