@@ -18,6 +18,7 @@ import torch
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
+from flatcollate.synthetic import synthetic_rows
 from flatcollate.training import count_items, normalized_loss
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "sequence_parallel_train.py"
@@ -53,7 +54,7 @@ def test_sequence_parallel_run_matches_one_process(tmp_path, processes, heads):
     assert result["world_size"] == result["sp_size"] == processes
     script = launch.load_script(SCRIPT, "sequence_parallel_train_example")
     args = script.parse_args(heads)
-    rows = script.make_rows(args.num_examples, seed=args.seed, max_len=args.max_len)
+    rows = synthetic_rows(args.num_examples, seed=args.seed, max_len=args.max_len)
 
     model = tiny_causal_lm(args.model, seed=args.seed, use_cache=False, **script.model_overrides(args)).train()
     model = prepare_model_for_flattening(model)

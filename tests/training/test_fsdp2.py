@@ -11,6 +11,7 @@ import torch
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
+from flatcollate.synthetic import synthetic_rows
 from flatcollate.training import count_items, normalized_loss
 
 from .launch import free_port, needs_gloo
@@ -53,7 +54,7 @@ def test_fsdp2_two_processes_match_one_process_on_the_same_global_batches(tmp_pa
 
     # One process: every step's examples (both ranks' micro-batches) flattened into one row, one backward.
     script = load_script()
-    rows = script.make_rows(NUM_EXAMPLES, seed=0, max_len=PACK_LEN)
+    rows = synthetic_rows(NUM_EXAMPLES, seed=0, max_len=PACK_LEN)
     model = prepare_model_for_flattening(tiny_causal_lm("llama", seed=0, use_cache=False)).train()
     initial = {name: param.detach().clone() for name, param in model.named_parameters()}
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)

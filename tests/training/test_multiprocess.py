@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from flatcollate.models import tiny_causal_lm
+from flatcollate.synthetic import synthetic_rows
 
 from .launch import free_port, needs_gloo
 from .launch import load_script as load_script_at
@@ -37,7 +38,7 @@ def test_two_process_run_matches_single_process_reference(tmp_path):
     seen = [i for step in steps for i in step["example_ids"]]
     assert sorted(seen) == list(range(NUM_EXAMPLES)), "every example exactly once per epoch"
 
-    rows = load_script().make_rows(NUM_EXAMPLES, seed=0, max_len=PACK_LEN)
+    rows = synthetic_rows(NUM_EXAMPLES, seed=0, max_len=PACK_LEN)
     model = tiny_causal_lm("llama", seed=0, use_cache=False).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for number, step in enumerate(steps):
