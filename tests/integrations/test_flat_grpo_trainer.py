@@ -3,6 +3,7 @@ per-token log-probabilities on the same completions; one optimizer step equals `
 same seed): loss, metrics and parameters within 1e-5, fp32 CPU."""
 
 import copy
+import json
 import tempfile
 
 import pytest
@@ -90,11 +91,12 @@ def test_rows_that_are_not_one_run_are_not_flattened():
     assert not CompletionRows(mask, width).flattenable
 
 
-def one_step(trainer_class, tmp, **options):
-    tokenizer = offline_tokenizer()
+def one_step(trainer_class, tmp, tokenizer=None, prompts=None, **options):
+    tokenizer = offline_tokenizer() if tokenizer is None else tokenizer
     model = f"{tmp}/model"  # by path: GRPOTrainer loads the reference model (beta > 0) from it
     tiny_causal_lm("llama", vocab_size=len(tokenizer), seed=0).save_pretrained(model)
-    prompts = Dataset.from_list([{"prompt": " ".join(f"t{i}" for i in range(k, k + 2 + k % 5))} for k in range(8)])
+    prompts = prompts or [" ".join(f"t{i}" for i in range(k, k + 2 + k % 5)) for k in range(8)]
+    prompts = Dataset.from_list([{"prompt": prompt} for prompt in prompts])
     args = trl.GRPOConfig(
         output_dir=tmp,
         per_device_train_batch_size=4,
@@ -163,3 +165,21 @@ def test_training_runs_the_flattened_pass_and_a_shifted_layout_is_caught(monkeyp
         shifted, _, _ = one_step(FlatGRPOTrainer, tmp, beta=0.1)
     assert max((expected[n] - p).abs().max().item() for n, p in got.items()) <= TOL
     assert max((expected[n] - p).abs().max().item() for n, p in shifted.items()) > 1e-3
+
+
+def test_one_step_equals_grpo_trainer_with_a_real_tokenizer(tokenizer_dir, shared_data):
+    """Qwen2.5's tokenizer, GSM8K questions as prompts (left-padded to the longest), a reference model."""
+    from transformers import AutoTokenizer
+
+    from flatcollate.integrations.trl import FlatGRPOTrainer
+
+    qwen = AutoTokenizer.from_pretrained(tokenizer_dir("qwen2.5-instruct"))
+    lines = (shared_data / "datasets" / "gsm8k_train.jsonl").read_text().splitlines()[:8]
+    questions = [json.loads(line)["question"] for line in lines]
+    with tempfile.TemporaryDirectory() as tmp:
+        expected, expected_loss, expected_logs = one_step(trl.GRPOTrainer, tmp, qwen, questions, beta=0.1)
+        got, loss, logs = one_step(FlatGRPOTrainer, tmp, qwen, questions, beta=0.1)
+    assert abs(loss - expected_loss) <= TOL
+    for key in ("reward", "kl", "entropy"):
+        assert abs(logs[key] - expected_logs[key]) <= TOL, (key, logs[key], expected_logs[key])
+    assert max((expected[n] - p).abs().max().item() for n, p in got.items()) <= TOL
