@@ -3,7 +3,7 @@
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch.
 
 The DPO benchmark (`dpo`, `flatcollate bench --task dpo`) trains TRL's trainers; it imports `integrations` (and so
-trl) only inside the worker that trains.
+trl) only inside the worker that trains; so does the reward benchmark (`reward`, `flatcollate bench --task reward`).
 
 Imports from flatcollate: `flatcollate` (its version), `_conventions`, `_lazy`, `cli`, `attention`, `data`, `modeling`,
 `models`, `vision`, `check`, `integrations`, `synthetic`.
@@ -19,6 +19,7 @@ _SOURCES = {
     "available_pair_profiles": "config",
     "load_pair_profile": "pair_profile",
     "run_dpo_bench": "dpo",
+    "run_reward_bench": "reward",
     "write_dpo_report": "dpo_report",
     "SyntheticSequences": "batches",
     "step_batches": "batches",
@@ -48,6 +49,7 @@ __all__ = [
     "markdown_table",
     "padded_fill",
     "run_dpo_bench",
+    "run_reward_bench",
     "run_throughput",
     "step_batches",
     "summary_text",

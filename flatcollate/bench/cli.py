@@ -5,7 +5,8 @@ the "flan" length profile, batch 8, one torch thread) and prints padding efficie
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
 batches, with their spread over repeats. `--vision` measures image-text training instead (see
 `flatcollate.bench.vision`), `--task dpo` preference training: trl.DPOTrainer on padded batches against
-FlatDPOTrainer on flattened rows (see `flatcollate.bench.dpo`).
+FlatDPOTrainer on flattened rows (see `flatcollate.bench.dpo`), `--task reward` reward-model training:
+trl.RewardTrainer against FlatRewardTrainer on the same pairs (see `flatcollate.bench.reward`).
 """
 
 import argparse
@@ -203,7 +204,7 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
 
 
 def _command(args: argparse.Namespace) -> int:
-    if args.task == "dpo":
+    if args.task in ("dpo", "reward"):
         from .dpo_cli import run_dpo_command
 
         return run_dpo_command(args)
@@ -242,17 +243,18 @@ def register_cli(subparsers) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=("sft", "dpo"),
+        choices=("sft", "dpo", "reward"),
         default="sft",
         help="sft: supervised fine-tuning, the modes below; dpo: trl.DPOTrainer (padded) vs FlatDPOTrainer "
-        "(flattened) on preference pairs, --batch-size pairs per step (needs trl)",
+        "(flattened) on preference pairs, --batch-size pairs per step (needs trl); reward: trl.RewardTrainer vs "
+        "FlatRewardTrainer on the same pairs",
     )
     parser.add_argument(
         "--profile",
         default=None,
         help=f"length profile: one of {', '.join(available_profiles())}, a tokenized dataset folder, or a lengths "
-        f"file; with --task dpo a pair profile, one of {', '.join(available_pair_profiles())} (default: "
-        f"{ThroughputConfig().profile}; --task dpo: {DPOBenchConfig().profile})",
+        f"file; with --task dpo or reward a pair profile, one of {', '.join(available_pair_profiles())} (default: "
+        f"{ThroughputConfig().profile}; --task dpo, reward: {DPOBenchConfig().profile})",
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
     add_arguments(parser)

@@ -103,7 +103,7 @@ def measure_dpo_mode(config: DPOBenchConfig, mode: str) -> dict:
             disable_tqdm=True,
         )
         clock = StepClock(config.warmup_steps, PeakMemory(device))
-        trainer_class = _recording({"padded": trl.DPOTrainer, "flattened": FlatDPOTrainer}[mode])
+        trainer_class = recording({"padded": trl.DPOTrainer, "flattened": FlatDPOTrainer}[mode])
         trainer = trainer_class(
             model=model,
             ref_model=copy.deepcopy(model),
@@ -137,7 +137,7 @@ def build_dpo_model(config: DPOBenchConfig, *, device: torch.device):
     return AutoModelForCausalLM.from_config(model_config_, attn_implementation="sdpa", dtype=dtype).to(device)
 
 
-def _recording(trainer_class):
+def recording(trainer_class):
     """`trainer_class` that keeps every optimizer step's loss (one batch per step), unrounded."""
 
     class Recording(trainer_class):

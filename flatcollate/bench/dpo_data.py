@@ -53,12 +53,18 @@ class PairDraw:
         return int((full > self.max_length).sum())
 
 
-def draw_pairs(config: DPOBenchConfig, n: int | None = None, *, seed: int | None = None) -> PairDraw:
+def draw_pairs(
+    config: DPOBenchConfig, n: int | None = None, *, seed: int | None = None, whole: bool = False
+) -> PairDraw:
     """`n` pairs (default: `(warmup_steps + steps) * batch_size`, the whole run) from the config's pair profile,
-    among those whose prompt is shorter than `max_length`."""
+    among those whose prompt is shorter than `max_length`; with `whole`, only among those whose two sequences (eos
+    included) fit in `max_length` (`trl.RewardTrainer` drops the others rather than truncate them)."""
     n = (config.warmup_steps + config.steps) * config.batch_size if n is None else n
     profile = load_pair_profile(config.profile)
-    lengths = profile.sample(n, seed=config.seed if seed is None else seed, max_prompt=config.max_length)
+    max_pair = config.max_length - EOS_PER_REPLY if whole else None
+    lengths = profile.sample(
+        n, seed=config.seed if seed is None else seed, max_prompt=config.max_length, max_pair=max_pair
+    )
     return PairDraw(*lengths, max_length=config.max_length)
 
 
@@ -85,10 +91,10 @@ def padded_pair_tokens(chosen: np.ndarray, rejected: np.ndarray, *, batch_size: 
     return np.add.reduceat(chosen + rejected, starts), 2 * pairs * longest
 
 
-def profile_padding(config: DPOBenchConfig) -> float:
-    """Padding fraction of `DPOTrainer`'s batches over `PROFILE_FILL_PAIRS` pairs of the profile, not only the
-    pairs one run draws."""
-    draw = draw_pairs(config, PROFILE_FILL_PAIRS)
+def profile_padding(config: DPOBenchConfig, *, whole: bool = False) -> float:
+    """Padding fraction of `DPOTrainer`'s (or `RewardTrainer`'s, same layout) batches over `PROFILE_FILL_PAIRS`
+    pairs of the profile, not only the pairs one run draws; `whole` as in `draw_pairs`."""
+    draw = draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole)
     real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=config.batch_size)
     return float(1 - real.sum() / slots.sum())
 
@@ -118,3 +124,15 @@ def pair_texts(draw: PairDraw, *, vocab_size: int, seed: int) -> list[dict[str, 
             }
         )
     return rows
+
+
+def reward_texts(draw: PairDraw, *, vocab_size: int, seed: int) -> list[dict[str, str]]:
+    """`pair_texts` as `trl.RewardTrainer` takes them: `chosen` = prompt + chosen reply, `rejected` = prompt +
+    rejected reply.
+
+    >>> draw = PairDraw(np.array([2]), np.array([1]), np.array([0]), max_length=8)
+    >>> [len(row["chosen"].split()) for row in reward_texts(draw, vocab_size=10, seed=0)]
+    [3]
+    """
+    rows = pair_texts(draw, vocab_size=vocab_size, seed=seed)
+    return [{key: row["prompt"] + row[key] for key in ("chosen", "rejected")} for row in rows]

@@ -1,5 +1,6 @@
-"""`flatcollate bench --task dpo`: the printed summary, the markdown table, the plot and the report files of a DPO
-benchmark result (`flatcollate.bench.dpo.run_dpo_bench`)."""
+"""`flatcollate bench --task dpo|reward`: the printed summary, the markdown table, the plot and the report files of a
+DPO or reward benchmark result (`flatcollate.bench.dpo.run_dpo_bench`, `flatcollate.bench.reward.run_reward_bench`);
+the result's `task` picks the names."""
 
 import json
 from pathlib import Path
@@ -12,13 +13,45 @@ from .report import format_mib, format_parameters
 from .summary import NOISY_SPREAD
 
 DPO_REPORT_FILES = ("dpo.json", "dpo.md", "dpo.png")
-"""What `write_dpo_report` puts in its output folder."""
+"""What `write_dpo_report` puts in its output folder for a DPO result."""
 
-TRAINERS = {
-    "padded": "trl.DPOTrainer: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
-    "flattened": "flatcollate FlatDPOTrainer: the 2N sequences in one flattened row, the flatcollate backend",
+REWARD_REPORT_FILES = ("reward.json", "reward.md", "reward.png")
+"""What `write_dpo_report` puts in its output folder for a reward result."""
+
+TASKS = {
+    "dpo": {
+        "name": "DPO",
+        "padded": "DPOTrainer",
+        "flattened": "FlatDPOTrainer",
+        "args": "DPOConfig",
+        "model": "a reference copy",
+        "step": "collation, reference and policy forwards, backward, optimizer",
+    },
+    "reward": {
+        "name": "Reward",
+        "padded": "RewardTrainer",
+        "flattened": "FlatRewardTrainer",
+        "args": "RewardConfig",
+        "model": "one score per sequence (num_labels=1)",
+        "step": "collation, forward, backward, optimizer",
+    },
 }
-"""What each mode is, for the legend under the table."""
+"""The names a DPO or reward result is reported with."""
+
+
+def task_names(result: dict) -> dict[str, str]:
+    """`TASKS` entry of a result (`"dpo"` for results that predate the `task` field)."""
+    return TASKS[result.get("task", "dpo")]
+
+
+def trainers(result: dict) -> dict[str, str]:
+    """What each mode is, for the legend under the table."""
+    names = task_names(result)
+    return {
+        "padded": f"trl.{names['padded']}: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
+        "flattened": f"flatcollate {names['flattened']}: the 2N sequences in one flattened row, the flatcollate "
+        "backend",
+    }
 
 
 def dpo_markdown_table(result: dict) -> str:
@@ -46,14 +79,15 @@ def dpo_markdown_table(result: dict) -> str:
 def setup_lines(result: dict) -> list[str]:
     """What was measured where: model, device, profile and sizes, the pairs drawn and their padding."""
     config, pairs, env, model = result["config"], result["pairs"], result["environment"], result["model"]
+    names = task_names(result)
     device = "CPU" if env["device_type"] == "cpu" else "GPU"
     threads = f", {env['torch_threads']} torch thread(s)" if device == "CPU" else ""
     checkpointing = "on" if env["gradient_checkpointing"] else "off"
     return [
         f"model {model['model_type']} ({'tiny' if config['tiny'] else 'full'} config: {format_parameters(model)} "
         f"parameters, hidden {model['hidden_size']}, {model['num_hidden_layers']} layers), random weights, "
-        f"{config['dtype']}, a reference copy; AdamW lr {config['lr']:g} constant; gradient checkpointing "
-        f"{checkpointing} (DPOConfig's default)",
+        f"{config['dtype']}, {names['model']}; AdamW lr {config['lr']:g} constant; gradient checkpointing "
+        f"{checkpointing} ({names['args']}'s default)",
         f"device {device} ({env['device']}){threads}; pair profile {config['profile']}, {config['batch_size']} pairs "
         f"({2 * config['batch_size']} sequences) per step, max_length {config['max_length']}, {config['warmup_steps']} "
         f"warm-up + {config['steps']} timed steps, {config['repeats']} repeats (each run a fresh process, the "
@@ -61,21 +95,23 @@ def setup_lines(result: dict) -> list[str]:
         f"{pairs['pairs']} pairs drawn ({pairs['timed_pairs']} in the timed steps), mean sequence length "
         f"{pairs['mean_sequence_length']:.0f} tokens (reply + eos), longest {pairs['longest_sequence']}, "
         f"{pairs['truncated_sequences']} sequences truncated to max_length",
-        f"padding of DPOTrainer's batches: {result['modes']['padded']['padding_fraction']:.1%} for the timed pairs, "
+        f"padding of {names['padded']}'s batches: {result['modes']['padded']['padding_fraction']:.1%} for the timed "
+        "pairs, "
         f"{pairs['profile_padding_fraction']:.1%} over 20,000 pairs of the profile",
     ]
 
 
 def legend_lines(result: dict) -> list[str]:
     """What the trainers and columns mean."""
-    lines = [f"- {mode}: {TRAINERS[mode]}" for mode in result["modes"]]
+    names = task_names(result)
+    lines = [f"- {mode}: {trainers(result)[mode]}" for mode in result["modes"]]
     lines += [
         "- real tokens/s counts the tokens of the 2N sequences (prompt + reply + eos), not padding, over the timed "
-        "steps; a step runs from the end of the step before to its own end (collation, reference and policy "
-        "forwards, backward, optimizer)",
+        "steps; a step runs from the end of the step before to its own end ("
+        f"{names['step']})",
         "- x padded: the ratio of the medians, with the min-max of the ratios taken within each repeat; CPU time: "
         "the same on each process's CPU seconds, which other work on a shared machine disturbs less",
-        "- padding: pad tokens / all tokens of the (2N, L) batches DPOTrainer trains on",
+        f"- padding: pad tokens / all tokens of the (2N, L) batches {names['padded']} trains on",
     ]
     return lines
 
@@ -83,9 +119,10 @@ def legend_lines(result: dict) -> list[str]:
 def headline_lines(result: dict) -> list[str]:
     """The figure to quote, and a warning when the repeats disagree too much to trust it."""
     ratio, cpu = result["ratio"]["tokens_per_s"], result["ratio"]["tokens_per_cpu_s"]
+    names = task_names(result)
     lines = [
-        f"FlatDPOTrainer trains {ratio['of_medians']:.2f}x the real tokens per second of DPOTrainer (range "
-        f"{ratio['min']:.2f}-{ratio['max']:.2f} within {ratio['n']} repeats; per CPU second {format_ratio(cpu)})"
+        f"{names['flattened']} trains {ratio['of_medians']:.2f}x the real tokens per second of {names['padded']} "
+        f"(range {ratio['min']:.2f}-{ratio['max']:.2f} within {ratio['n']} repeats; per CPU second {format_ratio(cpu)})"
     ]
     relative = (ratio["max"] - ratio["min"]) / ratio["median"]
     if relative > NOISY_SPREAD:
@@ -98,7 +135,7 @@ def headline_lines(result: dict) -> list[str]:
 
 
 def dpo_summary_text(result: dict) -> str:
-    """What `flatcollate bench --task dpo` prints: the command, the setup, the table with its legend, the loss
+    """What `flatcollate bench --task dpo|reward` prints: the command, the setup, the table with its legend, the loss
     agreement and, last, the headline."""
     gap = result["loss_equivalence"]
     lines = [f"command: `{result['command']}`", ""] if result.get("command") else []
@@ -111,10 +148,12 @@ def dpo_summary_text(result: dict) -> str:
 
 
 def write_dpo_report(result: dict, out_dir: str | Path) -> list[Path]:
-    """Write `DPO_REPORT_FILES` into `out_dir` (created if needed); returns their paths."""
+    """Write `DPO_REPORT_FILES` (`REWARD_REPORT_FILES` for a reward result) into `out_dir` (created if needed);
+    returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / name for name in DPO_REPORT_FILES]
+    files = REWARD_REPORT_FILES if result.get("task") == "reward" else DPO_REPORT_FILES
+    paths = [out / name for name in files]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
     paths[1].write_text(dpo_summary_text(result) + "\n")
     plot_dpo(result, paths[2])
@@ -123,7 +162,7 @@ def write_dpo_report(result: dict, out_dir: str | Path) -> list[Path]:
 
 def plot_dpo(result: dict, path: Path) -> None:
     """Real tokens/s per trainer (median, min-max whiskers, labelled) and both trainers' loss per optimizer step."""
-    modes = list(result["modes"])
+    modes, name = list(result["modes"]), task_names(result)["name"]
     spreads = [result["modes"][mode]["tokens_per_s"] for mode in modes]
     fig = Figure(figsize=(11, 4.5))
     left, right = fig.subplots(1, 2)
@@ -136,7 +175,7 @@ def plot_dpo(result: dict, path: Path) -> None:
     ]
     left.bar_label(bars, labels=labels, label_type="center", color="white")
     left.set_ylabel("real tokens per second")
-    left.set_title("DPO training throughput (median, min-max)")
+    left.set_title(f"{name} training throughput (median, min-max)")
     for mode, style, width in (("padded", "-", 4), ("flattened", "--", 2)):
         losses = result["modes"][mode]["losses"]
         right.plot(range(1, len(losses) + 1), losses, style, linewidth=width, marker="o", label=mode)
@@ -145,7 +184,7 @@ def plot_dpo(result: dict, path: Path) -> None:
         right.axvspan(0.5, warmup + 0.5, color="grey", alpha=0.15, label="warm-up (untimed)")
     right.xaxis.set_major_locator(MaxNLocator(integer=True))
     gap = result["loss_equivalence"]["max_abs_loss_diff"]
-    right.set_title(f"DPO loss per optimizer step\npadded vs flattened: max |diff| = {gap:.1e}")
+    right.set_title(f"{name} loss per optimizer step\npadded vs flattened: max |diff| = {gap:.1e}")
     right.set_xlabel("optimizer step")
     right.set_ylabel("loss")
     right.legend()

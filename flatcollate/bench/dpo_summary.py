@@ -17,9 +17,11 @@ from .repeats import Repeats, ratio_spread, spread
 from .summary import cpu_name
 
 
-def summarize_dpo(config: DPOBenchConfig, run: Repeats, *, device: torch.device) -> dict:
-    """The result of `run_dpo_bench` from the figures of every run (`dpo.measure_dpo_mode`), see its docstring."""
-    draw = draw_pairs(config)
+def summarize_dpo(config: DPOBenchConfig, run: Repeats, *, device: torch.device, task: str = "dpo") -> dict:
+    """The result of `run_dpo_bench` from the figures of every run (`dpo.measure_dpo_mode`), see its docstring;
+    `task="reward"` for `reward.run_reward_bench` (pairs drawn whole, as `RewardTrainer` drops longer ones)."""
+    whole = task == "reward"
+    draw = draw_pairs(config, whole=whole)
     real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=config.batch_size)
     real, slots = int(real[config.warmup_steps :].sum()), int(slots[config.warmup_steps :].sum())
     computed = {"padded": slots, "flattened": real}
@@ -44,6 +46,7 @@ def summarize_dpo(config: DPOBenchConfig, run: Repeats, *, device: torch.device)
     gap = max(float(np.abs(np.subtract(a, b)).max()) for a, b in pairs)
     chosen, rejected = draw.sequence_lengths()
     return {
+        "task": task,
         "config": asdict(config),
         "environment": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
@@ -60,7 +63,7 @@ def summarize_dpo(config: DPOBenchConfig, run: Repeats, *, device: torch.device)
             "mean_sequence_length": float(np.concatenate([chosen, rejected]).mean()),
             "longest_sequence": int(max(chosen.max(), rejected.max())),
             "truncated_sequences": draw.truncated,
-            "profile_padding_fraction": profile_padding(config),
+            "profile_padding_fraction": profile_padding(config, whole=whole),
         },
         "modes": modes,
         "ratio": {

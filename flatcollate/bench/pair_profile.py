@@ -52,10 +52,10 @@ class PairProfile:
         return int(self.prompt.size)
 
     def sample(
-        self, n: int, *, seed: int = 0, max_prompt: int | None = None
+        self, n: int, *, seed: int = 0, max_prompt: int | None = None, max_pair: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw `n` pairs (rows with replacement, uniformly), optionally only among those with fewer than
-        `max_prompt` prompt tokens.
+        `max_prompt` prompt tokens and those whose prompt + longer reply is at most `max_pair` tokens.
 
         Returns:
             `(prompt, chosen, rejected)`, each `np.ndarray` of shape `(n,)`, int64.
@@ -70,6 +70,14 @@ class PairProfile:
                 f"No pair of the profile {self.name!r} has a prompt shorter than {max_prompt} tokens (the shortest has "
                 f"{int(self.prompt.min())}); raise `max_length`."
             )
+        if max_pair is not None:
+            longest = self.prompt + np.maximum(self.chosen, self.rejected)
+            eligible = eligible[longest[eligible] <= max_pair]
+            if eligible.size == 0:
+                raise ValueError(
+                    f"No pair of the profile {self.name!r} fits in {max_pair} tokens, prompt + longer reply (the "
+                    f"shortest has {int(longest.min())}); raise `max_length`."
+                )
         rows = eligible[np.random.default_rng(seed).integers(0, eligible.size, size=n)]
         return self.prompt[rows], self.chosen[rows], self.rejected[rows]
 

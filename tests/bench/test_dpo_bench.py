@@ -157,7 +157,17 @@ def smoke(tmp_path_factory):
 def test_smoke_run_reports_every_field(smoke):
     result, printed, out = smoke
     assert sorted(p.name for p in out.iterdir()) == sorted(DPO_REPORT_FILES)
-    assert set(result) == {"config", "environment", "model", "pairs", "modes", "ratio", "loss_equivalence", "command"}
+    assert set(result) == {
+        "task",
+        "config",
+        "environment",
+        "model",
+        "pairs",
+        "modes",
+        "ratio",
+        "loss_equivalence",
+        "command",
+    }
     assert list(result["modes"]) == ["padded", "flattened"]
     row_keys = {
         "tokens_per_s",
