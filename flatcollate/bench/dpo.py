@@ -85,23 +85,7 @@ def measure_dpo_mode(config: DPOBenchConfig, mode: str) -> dict:
         tokenizer = offline_tokenizer(model.config.vocab_size)
         draw = draw_pairs(config)
         dataset = datasets.Dataset.from_list(pair_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed))
-        args = trl.DPOConfig(
-            output_dir=out,
-            per_device_train_batch_size=config.batch_size,
-            max_steps=config.warmup_steps + config.steps,
-            max_length=config.max_length,
-            learning_rate=config.lr,
-            optim="adamw_torch",
-            lr_scheduler_type="constant",
-            train_sampling_strategy="sequential",
-            logging_strategy="no",
-            save_strategy="no",
-            report_to=[],
-            use_cpu=device.type == "cpu",
-            bf16=False,
-            seed=config.seed,
-            disable_tqdm=True,
-        )
+        args = trl.DPOConfig(**trainer_options(config, out, device))
         clock = StepClock(config.warmup_steps, PeakMemory(device))
         trainer_class = recording({"padded": trl.DPOTrainer, "flattened": FlatDPOTrainer}[mode])
         trainer = trainer_class(
@@ -221,6 +205,27 @@ def run_dpo_bench(config: DPOBenchConfig, *, progress: bool = True, runner: Runn
         runner=runner,
     )
     return summarize_dpo(config, run, device=device)
+
+
+def trainer_options(config, out: str, device) -> dict:
+    """The TRL config options both preference benchmarks train with: the same steps, batch, optimizer and seed."""
+    return {
+        "output_dir": out,
+        "per_device_train_batch_size": config.batch_size,
+        "max_steps": config.warmup_steps + config.steps,
+        "max_length": config.max_length,
+        "learning_rate": config.lr,
+        "optim": "adamw_torch",
+        "lr_scheduler_type": "constant",
+        "train_sampling_strategy": "sequential",
+        "logging_strategy": "no",
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": device.type == "cpu",
+        "bf16": False,
+        "seed": config.seed,
+        "disable_tqdm": True,
+    }
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from .config import DPO_MODES, DPOBenchConfig
-from .dpo import StepClock, check_dpo_config, config_from_json, recording
+from .dpo import StepClock, check_dpo_config, config_from_json, recording, trainer_options
 from .dpo_data import draw_pairs, reward_texts
 from .dpo_summary import summarize_dpo
 from .memory import PeakMemory
@@ -55,23 +55,7 @@ def measure_reward_mode(config: DPOBenchConfig, mode: str) -> dict:
         model.config.pad_token_id = tokenizer.pad_token_id
         draw = draw_pairs(config, whole=True)
         texts = reward_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed)
-        args = trl.RewardConfig(
-            output_dir=out,
-            per_device_train_batch_size=config.batch_size,
-            max_steps=config.warmup_steps + config.steps,
-            max_length=config.max_length,
-            learning_rate=config.lr,
-            optim="adamw_torch",
-            lr_scheduler_type="constant",
-            train_sampling_strategy="sequential",
-            logging_strategy="no",
-            save_strategy="no",
-            report_to=[],
-            use_cpu=device.type == "cpu",
-            bf16=False,
-            seed=config.seed,
-            disable_tqdm=True,
-        )
+        args = trl.RewardConfig(**trainer_options(config, out, device))
         clock = StepClock(config.warmup_steps, PeakMemory(device))
         trainer_class = recording({"padded": trl.RewardTrainer, "flattened": FlatRewardTrainer}[mode])
         trainer = trainer_class(
