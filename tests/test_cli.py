@@ -73,7 +73,7 @@ def test_every_option_has_a_description_and_its_default_in_help(command, capsys)
 
 def test_defaults_resolved_at_run_time_are_shown_in_help(capsys):
     from flatcollate.bench.config import ThroughputConfig
-    from flatcollate.bench.vision import VisionBenchConfig
+    from flatcollate.bench.vision_config import VisionBenchConfig
     from flatcollate.check import DEFAULT_BACKENDS
 
     texts = {}

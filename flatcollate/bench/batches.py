@@ -41,6 +41,7 @@ __all__ = [
     "synthetic_sequences",
 ]
 
+
 @dataclass(frozen=True)
 class SyntheticSequences:
     """Random sequences drawn from a profile, stored flat.
@@ -188,6 +189,21 @@ def real_tokens(batch: dict) -> int:
     """Non-pad tokens of a batch: the attention mask's ones, or every token of a flattened row."""
     mask = batch.get("attention_mask")
     return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+
+
+class UnlabelledBatch(ValueError):
+    """A benchmark step whose batch has no labelled token (`check_labelled`)."""
+
+
+def check_labelled(batches: list[dict], mode: str, *, max_length: int) -> None:
+    """Raise `UnlabelledBatch` (a `ValueError`) for a step whose batch has no labelled token: its loss would be NaN in
+    every mode, and every loss comparison NaN with it (prompts longer than `max_length` lose their completions)."""
+    for step, batch in enumerate(batches):
+        if not bool((batch["labels"] != IGNORE_INDEX).any()):
+            raise UnlabelledBatch(
+                f"{mode} step {step}: no example of the batch keeps a labelled token after truncation to max_length "
+                f"{max_length} (the prompts are longer), so its loss is not defined. Raise --max-length."
+            )
 
 
 def slot_tokens(batch: dict) -> int:

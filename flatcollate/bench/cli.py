@@ -172,11 +172,15 @@ def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputCon
 def run_and_report(config: ThroughputConfig, out_dir: str, *, progress: bool) -> dict:
     """Run one benchmark, every (mode, repeat) in a fresh process, the modes taking turns (`flatcollate.bench.
     isolated`); print its summary and write the report files."""
+    from .batches import UnlabelledBatch
     from .isolated import run_throughput_in_processes
     from .report import summary_text, write_report
     from .worker import WORKER_COMMAND
 
-    result = run_throughput_in_processes(config, list(WORKER_COMMAND), progress=progress)
+    try:
+        result = run_throughput_in_processes(config, list(WORKER_COMMAND), progress=progress)
+    except UnlabelledBatch as error:
+        raise UsageError(str(error)) from None
     print(summary_text(result))
     for path in write_report(result, out_dir):
         print(f"wrote {path}")

@@ -13,7 +13,14 @@ import numpy as np
 
 import flatcollate
 
-from .batches import SyntheticSequences, default_pack_len, has_packing, step_batches, synthetic_sequences
+from .batches import (
+    SyntheticSequences,
+    check_labelled,
+    default_pack_len,
+    has_packing,
+    step_batches,
+    synthetic_sequences,
+)
 from .config import ThroughputConfig
 from .profiles import load_profile, padded_fill
 
@@ -50,6 +57,7 @@ def plan_batches(config: ThroughputConfig, *, vocab_size: int, modes: Sequence[s
         start = time.perf_counter()
         batches[mode] = step_batches(pool, mode, flattening_collator=collator, **kwargs)
         collate_s[mode] = time.perf_counter() - start
+        check_labelled(batches[mode], mode, max_length=config.max_length)
         warm_batches[mode] = step_batches(warm, mode, flattening_collator=collator, **kwargs)[: config.warmup_steps]
     return Plan(pool, pack_len, modes, skipped, batches, warm_batches, collate_s)
 

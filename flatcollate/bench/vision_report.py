@@ -8,9 +8,11 @@ from pathlib import Path
 import torch
 
 from ..cli import UsageError
+from .batches import UnlabelledBatch
 from .options import check_profile, check_writable
 from .report import format_mib, format_parameters, headline_lines, markdown_table, plot_losses, plot_throughput
-from .vision import VISION_TEXT_MODEL, VisionBenchConfig, check_vision_config, run_vision_bench, vision_model_config
+from .vision import run_vision_bench
+from .vision_config import VISION_TEXT_MODEL, VisionBenchConfig, check_vision_config, vision_model_config
 
 VISION_REPORT_FILES = ("vision.json", "vision.md", "vision.png", "vision_loss_curves.png")
 """What `write_vision_report` puts in its output folder."""
@@ -29,7 +31,8 @@ def setup_lines(result: dict) -> list[str]:
         f"{model['vision_hidden_size']}, {model['vision_layers']} layer(s)), random weights, {config['dtype']}",
         f"device {device} ({env['device']}){threads}; text profile {config['profile']} truncated to "
         f"{config['max_length']}, batch {config['batch_size']}, {config['steps']} steps per pass, "
-        f"{config['repeats']} repeats (modes interleaved, each warmed up until its step times settle)",
+        f"{config['repeats']} repeats (each run a fresh process warmed up until its step times settle, the modes "
+        "taking turns)",
         f"images: {images['distribution']}",
         f"{pool['sequences']} examples, {images['images']} images ({per_image['mean']:.0f} image tokens each on "
         f"average, {per_image['min']}-{per_image['max']}), {pool['real_tokens']:,} real tokens of which "
@@ -131,7 +134,10 @@ def run_vision_command(args: argparse.Namespace) -> int:
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device cuda: CUDA is not available (torch {torch.__version__}); use --device cpu or auto.")
     check_writable(Path(args.out_dir))
-    result = run_vision_bench(config, progress=not args.no_progress)
+    try:
+        result = run_vision_bench(config, progress=not args.no_progress)
+    except UnlabelledBatch as error:
+        raise UsageError(f"--vision: {error}") from None
     print(vision_summary_text(result))
     for path in write_vision_report(result, args.out_dir):
         print(f"wrote {path}")

@@ -249,7 +249,7 @@ def test_summary_explains_the_real_token_share(result):
 def test_packed_mode_is_skipped_without_packing(monkeypatch):
     monkeypatch.setattr(plan_module, "has_packing", lambda: False)
     config = ThroughputConfig(
-        model_overrides=TINY, profile="gsm8k", batch_size=2, max_length=32, steps=1, warmup_steps=0, repeats=1
+        model_overrides=TINY, profile="gsm8k", batch_size=2, max_length=128, steps=1, warmup_steps=0, repeats=1
     )
     result = run_throughput(config, progress=False)
     assert "packed" not in result["modes"] and "packed" in result["skipped"]
@@ -299,7 +299,7 @@ def test_settle_advances_the_bar_by_its_whole_budget_and_keeps_the_total(monkeyp
 def test_progress_bar_total_is_right_from_the_start(monkeypatch):
     bars = []
     monkeypatch.setattr(throughput_module, "tqdm", lambda **kwargs: bars.append(RecordingBar(**kwargs)) or bars[-1])
-    sizes = {"profile": "gsm8k", "batch_size": 2, "max_length": 32, "steps": 2, "repeats": 1}
+    sizes = {"profile": "gsm8k", "batch_size": 2, "max_length": 128, "steps": 2, "repeats": 1}
     config = ThroughputConfig(model_overrides=TINY, modes=("padded", "flattened"), **sizes)
     run_throughput(config, progress=True)
     [bar] = bars
@@ -363,3 +363,15 @@ def test_the_bench_command_trains_every_mode_in_its_own_process(tmp_path, capsys
     result = json.loads((tmp_path / "throughput.json").read_text())
     assert result["environment"]["process_per_pass"] is True
     assert "x padded" in capsys.readouterr().out
+
+
+def test_the_bench_command_refuses_batches_without_a_labelled_token(tmp_path, capsys):
+    """Prompts longer than --max-length leave no completion: every mode's loss would be NaN and the loss comparison
+    NaN; the command says so in one line before any training."""
+    from flatcollate.cli import main
+
+    argv = ["bench", "--profile", "gsm8k", "--max-length", "8", "--steps", "1", "--repeats", "1", "--no-progress"]
+    assert main([*argv, "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "step 0: no example of the batch keeps a labelled token" in err and "Raise --max-length" in err
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 from flatcollate.bench.batches import real_tokens, slot_tokens
 from flatcollate.bench.cli import register_cli
 from flatcollate.bench.profiles import load_profile
-from flatcollate.bench.vision import VisionBenchConfig, build_vision_model, run_vision_bench
+from flatcollate.bench.vision import measure_vision_mode, run_vision_bench
+from flatcollate.bench.vision_config import VisionBenchConfig, build_vision_model, vision_config_from_json
 from flatcollate.bench.vision_inputs import (
     MAX_PIXELS,
     MIN_PIXELS,
@@ -41,9 +42,15 @@ CONFIG = VisionBenchConfig(
 )
 
 
+def in_this_process(command, payload):
+    """A runner measuring one (mode, repeat) here instead of in a worker process (the command-line test below starts
+    real workers)."""
+    return measure_vision_mode(vision_config_from_json(payload["case"]["config"]), payload["variant"])
+
+
 @pytest.fixture(scope="module")
 def result():
-    return run_vision_bench(CONFIG, progress=False)
+    return run_vision_bench(CONFIG, progress=False, runner=in_this_process)
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +160,26 @@ def _parse(argv):
 
 def test_command_line_runs_the_vision_profile(tmp_path, capsys):
     sizes = ["--set", "hidden_size=32", "--set", "intermediate_size=64", "--max-pixels", str(SMALL_PIXELS)]
-    run = ["--profile", "gsm8k", "--batch-size", "2", "--max-length", "32", "--steps", "1", "--repeats", "1"]
+    run = ["--profile", "gsm8k", "--batch-size", "3", "--max-length", "48", "--steps", "1", "--repeats", "1"]
     args = _parse(["--vision", *run, *sizes, "--out-dir", str(tmp_path), "--no-progress"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "qwen2_5_vl" in out and "wrote" in out
     assert (tmp_path / "vision.md").is_file()
+    result = json.loads((tmp_path / "vision.json").read_text())
+    assert result["environment"]["process_per_pass"] is True  # each (mode, repeat) trained in a worker process
+    assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
+    assert result["modes"]["flattened"]["padding_fraction"] == 0.0
+
+
+def test_command_line_refuses_batches_without_a_labelled_token(tmp_path):
+    """Prompts longer than --max-length leave no completion: the loss would be NaN in both modes, and the loss
+    comparison NaN, so the run is refused before any training."""
+    sizes = ["--set", "hidden_size=32", "--set", "intermediate_size=64", "--max-pixels", str(SMALL_PIXELS)]
+    run = ["--profile", "gsm8k", "--batch-size", "2", "--max-length", "8", "--steps", "1", "--repeats", "1"]
+    args = _parse(["--vision", *run, *sizes, "--out-dir", str(tmp_path), "--no-progress"])
+    with pytest.raises(UsageError, match="padded step 0: no example .* Raise --max-length"):
+        args.func(args)
 
 
 @pytest.mark.parametrize(
