@@ -5,6 +5,9 @@
 - `scores`: `sequence_scores`, a sequence-classification head (reward model) applied at each sequence's last token,
   and `prepare_reward_model`, which prepares the backbone for it;
 - `collate`: `DataCollatorForPreference`, each example's chosen and rejected sequences in one flattened row;
+- `unpaired_collate`: `DataCollatorForUnpairedPreference`, unpaired examples (KTO: a completion and its label) in one
+  flattened row, their KL completions in a second;
+- `completions`: the core both preference collators share, `prompt + completion` sequences in one flattened row;
 - `reward_collate`: `DataCollatorForRewardPairs`, tokenized reward pairs (`chosen_ids`, `rejected_ids`, `margin`) in
   one flattened row, every chosen sequence then every rejected one.
 
@@ -19,6 +22,7 @@ from .._lazy import lazy_exports
 _SOURCES = {
     "DataCollatorForPreference": "collate",
     "DataCollatorForRewardPairs": "reward_collate",
+    "DataCollatorForUnpairedPreference": "unpaired_collate",
     "prepare_reward_model": "scores",
     "sequence_logprobs": "logprobs",
     "sequence_scores": "scores",

@@ -17,14 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
-from ..collate import DataCollatorWithFlattening
+from .completions import check_batch, check_truncation, completion_row, example_values
 
 PAIR_FIELDS = ("prompt_ids", "chosen_ids", "rejected_ids")
 REFERENCE_FIELDS = ("ref_chosen_logps", "ref_rejected_logps")
-TRUNCATION_MODES = ("keep_start", "keep_end")
+HINT = (
+    f"preference examples hold {', '.join(PAIR_FIELDS)} (token ids), as TRL's DPOTrainer tokenizes `prompt` / "
+    "`chosen` / `rejected` rows."
+)
 
 
 @dataclass
@@ -47,55 +47,15 @@ class DataCollatorForPreference:
     truncation_mode: str = "keep_start"
 
     def __post_init__(self):
-        if self.truncation_mode not in TRUNCATION_MODES:
-            raise ValueError(f"truncation_mode must be one of {TRUNCATION_MODES}, got {self.truncation_mode!r}.")
-        if self.max_length is not None and self.max_length < 1:
-            raise ValueError(f"max_length must be a positive number of tokens, got {self.max_length}.")
-        self._flatten = DataCollatorWithFlattening(return_seq_idx=False)
+        check_truncation(self.max_length, self.truncation_mode)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        if isinstance(examples, Mapping) or not isinstance(examples, Sequence) or len(examples) == 0:
-            raise ValueError("a preference batch is a non-empty list of examples (dicts).")
-        sequences, masks = [], []
-        for side in ("chosen_ids", "rejected_ids"):
-            for index, example in enumerate(examples):
-                prompt, completion = (_ids(example, field, index) for field in ("prompt_ids", side))
-                if not completion:
-                    raise ValueError(
-                        f"example {index}: `{side}` is empty, so the pair has nothing to compare; drop the example or "
-                        "give it a completion."
-                    )
-                sequence, mask = prompt + completion, [0] * len(prompt) + [1] * len(completion)
-                cut = self._cut(len(sequence))
-                sequences.append(sequence[cut])
-                masks.append(mask[cut])
-        batch = self._flatten([{"input_ids": s, "completion_mask": m} for s, m in zip(sequences, masks, strict=True)])
-        batch["completion_mask"] = torch.from_numpy(np.concatenate([np.asarray(m, dtype=np.int64) for m in masks]))[
-            None
-        ]
-        for field in REFERENCE_FIELDS:
-            present = [field in example for example in examples]
-            if any(present) and not all(present):
-                raise ValueError(f"`{field}` is in some examples of the batch and not in others ({present}).")
-            if all(present):
-                batch[field] = torch.tensor([float(example[field]) for example in examples])
-        return batch
-
-    def _cut(self, length: int) -> slice:
-        if self.max_length is None or length <= self.max_length:
-            return slice(None)
-        return slice(None, self.max_length) if self.truncation_mode == "keep_start" else slice(-self.max_length, None)
-
-
-def _ids(example: Mapping, field: str, index: int) -> list[int]:
-    if not isinstance(example, Mapping) or field not in example:
-        raise ValueError(
-            f"example {index} has no `{field}`: preference examples hold {', '.join(PAIR_FIELDS)} (token ids), as "
-            "TRL's DPOTrainer tokenizes `prompt` / `chosen` / `rejected` rows."
+        check_batch(examples, kind="preference")
+        batch = completion_row(
+            examples,
+            ("chosen_ids", "rejected_ids"),
+            max_length=self.max_length,
+            truncation_mode=self.truncation_mode,
+            hint=HINT,
         )
-    value = example[field]
-    if isinstance(value, torch.Tensor | np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise TypeError(f"example {index}: `{field}` must be a list of token ids (int), got {value!r:.80}.")
-    return value
+        return {**batch, **example_values(examples, REFERENCE_FIELDS)}
