@@ -80,7 +80,8 @@ def register_cli(subparsers) -> None:
         choices=TASKS,
         help="what is compared: the causal-LM logits, loss and gradients (sft); each sequence's completion "
         "log-probabilities (dpo: FlatDPOTrainer, FlatGRPOTrainer); each sequence's reward score (reward: "
-        "FlatRewardTrainer); dpo and reward check text families in float32 on the CPU",
+        "FlatRewardTrainer); both run in float32 on the CPU, dpo on text and image-text families, reward on text "
+        "families",
     )
     parser.add_argument(
         "--require-all-backends",

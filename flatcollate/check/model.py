@@ -46,8 +46,9 @@ def check_model(
         overrides (`dict`, *optional*): config attributes for the tiny model, e.g. `{"sliding_window": 4}`.
         task (`str`, defaults to `"sft"`): what is compared: the causal-LM logits, loss and gradients (`"sft"`), each
             sequence's completion log-probabilities (`"dpo"`, what `FlatDPOTrainer` and `FlatGRPOTrainer` read) or
-            its reward score (`"reward"`, what `FlatRewardTrainer` reads); see `flatcollate.check.tasks`. The last two
-            take text families in fp32 on the CPU.
+            its reward score (`"reward"`, what `FlatRewardTrainer` reads); see `flatcollate.check.tasks`. Both run in
+            fp32 on the CPU; `"dpo"` takes image-text families too (their examples with 1, 2 and 0 images,
+            `flatcollate.check.vision_tasks`), `"reward"` text families only.
 
     Returns:
         `CheckReport`, one `BackendResult` per backend.
@@ -58,14 +59,11 @@ def check_model(
     """
     options = {"backends": backends, "lengths": lengths, "seed": seed, "tolerance": tolerance, "overrides": overrides}
     image_text = image_text_model_type(model.config if isinstance(model, PreTrainedModel) else model) is not None
-    if task != "sft":
-        if image_text or torch.device(device).type != "cpu" or dtype != torch.float32:
-            raise ValueError(
-                f"task={task!r} checks text families in float32 on the CPU; leave `device` and `dtype` unset and pass "
-                "a text model_type (image-text preference rows are not flattened)."
-            )
+    if task != "sft" and (torch.device(device).type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"task={task!r} runs in float32 on the CPU; leave `device` and `dtype` unset.")
+    if task != "sft" and not image_text:
         return check_task_model(model, task=task, **options)
     options |= {"device": device, "dtype": dtype}
     if image_text:
-        return check_vision_model(model, **options)
+        return check_vision_model(model, task=task, **options)
     return check_text_model(model, **options)

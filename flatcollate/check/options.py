@@ -52,11 +52,12 @@ def validate_options(args: argparse.Namespace) -> None:
 
 
 def validate_task_options(args: argparse.Namespace, image_text: str | None) -> None:
-    """Raise `UsageError` for options the `dpo` and `reward` checks do not take (text families, fp32 on the CPU)."""
-    if image_text is not None:
+    """Raise `UsageError` for options the `dpo` and `reward` checks do not take (fp32 on the CPU; `reward` takes text
+    families only)."""
+    if image_text is not None and args.task != "dpo":
         raise UsageError(
             f"--task {args.task}: {image_text} is an image-text-to-text architecture; the {args.task} check takes text "
-            "families (image-text preference rows are not flattened)."
+            "families (FlatRewardTrainer flattens text pairs only). Check it with --task dpo or --task sft."
         )
     for option, set_ in (("--device", args.device != "cpu"), ("--dtype", args.dtype != "float32")):
         if set_:

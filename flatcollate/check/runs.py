@@ -7,13 +7,27 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from .._conventions import IGNORE_INDEX
+from .._conventions import IGNORE_INDEX, TOKEN_TYPE_FIELDS
 from ..attention import ATTN_IMPLEMENTATION
 from ..modeling import prepare_model_for_flattening, unsupported_reason
 from .report import BackendResult, compared
 
 Outputs = tuple[torch.Tensor, torch.Tensor, dict]
 """`(logits, loss, grads)` of one run: fp32 logits `(1, T, V)`, the scalar loss, fp32 CPU gradients by name."""
+
+
+PER_TOKEN_FIELDS = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
+"""Fields of an example with one entry per token; an example's other fields (images) are the model's as they are."""
+
+
+def example_alone(example: dict) -> dict:
+    """The model inputs of one example as a batch of one: per-token fields `(L,)` -> `(1, L)`, vision fields as
+    processed for that example alone, `labels` left out.
+
+    >>> sorted(example_alone({"input_ids": torch.tensor([5, 6]), "labels": torch.tensor([5, 6])}).items())
+    [('input_ids', tensor([[5, 6]]))]
+    """
+    return {k: v[None] if k in PER_TOKEN_FIELDS else v for k, v in example.items() if k != "labels"}
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

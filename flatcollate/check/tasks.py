@@ -8,7 +8,8 @@
 
 The row's lengths come from the config as for the `sft` check (`flatcollate.check.lengths`), its tokens are random.
 In the report, `max logit diff` is the largest per-token log-probability (or score) gap and `loss diff` the gap of
-their sum.
+their sum. Image-text families take `dpo` through `flatcollate.check.vision` (examples with images,
+`flatcollate.check.vision_tasks`), with `run_logprobs` and `logprobs_alone` from here; `reward` takes text families.
 """
 
 import copy
@@ -25,7 +26,7 @@ from ..preference.logprobs import sequence_logprobs
 from ..preference.scores import classifier_parts, prepare_reward_model, sequence_scores
 from .lengths import plan_check
 from .report import BackendResult, CheckReport
-from .runs import Outputs, compare_backends, gradients
+from .runs import Outputs, compare_backends, example_alone, gradients
 from .text import flattened_inputs
 
 TASKS = ("sft", "dpo", "reward")
@@ -64,15 +65,11 @@ def check_task_model(
     batch = flattened_inputs(tuple(plan.lengths), base.config.vocab_size, seed)
     if task == "dpo":
         batch["labels"] = _completion_labels(batch)
-        run, alone, prepare, unsupported = (
-            _run_logprobs,
-            _logprobs_alone,
-            prepare_model_for_flattening,
-            unsupported_reason,
-        )
+        run, prepare, unsupported = run_logprobs, prepare_model_for_flattening, unsupported_reason
+        reference = logprobs_alone(base, _examples(batch))
     else:
-        run, alone, prepare, unsupported = _run_scores, _scores_alone, prepare_reward_model, _backbone_reason
-    reference = alone(base, batch)
+        run, prepare, unsupported = _run_scores, prepare_reward_model, _backbone_reason
+        reference = _scores_alone(base, batch)
     tolerances = {"logits_diff": value, "loss_diff": value, "grad_diff": value}
     results, _ = compare_backends(
         base, batch, backends, reference, tolerances, run=run, prepare=prepare, unsupported=unsupported
@@ -115,14 +112,17 @@ def _completion_labels(batch: dict) -> torch.Tensor:
     return labels
 
 
-def _sequences(batch: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _examples(batch: dict) -> list[dict[str, torch.Tensor]]:
+    """The sequences of a flattened text row as examples: `input_ids` and `labels`, each `(L,)`."""
     bounds = batch["cu_seq_lens_q"].tolist()
     return [
-        (batch["input_ids"][:, start:end], batch["labels"][0, start:end]) for start, end in itertools.pairwise(bounds)
+        {"input_ids": batch["input_ids"][0, start:end], "labels": batch["labels"][0, start:end]}
+        for start, end in itertools.pairwise(bounds)
     ]
 
 
-def _run_logprobs(model: PreTrainedModel, batch: dict) -> Outputs:
+def run_logprobs(model: PreTrainedModel, batch: dict) -> Outputs:
+    """`sequence_logprobs` per token on a flattened batch (text or image-text), their sum and its gradients."""
     model.zero_grad(set_to_none=True)
     per_token = torch.cat(sequence_logprobs(model, batch, per_token=True))
     total = per_token.sum()
@@ -130,14 +130,15 @@ def _run_logprobs(model: PreTrainedModel, batch: dict) -> Outputs:
     return per_token.detach(), total.detach(), gradients(model)
 
 
-def _logprobs_alone(model: PreTrainedModel, batch: dict) -> Outputs:
-    """Reference: each sequence alone, the log-probability of each next token it labels (0 elsewhere)."""
+def logprobs_alone(model: PreTrainedModel, examples: list[dict]) -> Outputs:
+    """Reference: each example alone (its own images, if any), the log-probability of each next token it labels, 0
+    elsewhere: `(sum of (L - 1),)` fp32 in example order, their sum and its gradients (on a copy of `model`)."""
     model = copy.deepcopy(model)
     model.zero_grad(set_to_none=True)
     values = []
-    for ids, labels in _sequences(batch):
-        logps = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), dim=-1)
-        targets = labels[1:]
+    for example in examples:  # one forward per example, never across
+        logps = torch.log_softmax(model(**example_alone(example), use_cache=False).logits[0].float(), dim=-1)
+        targets = example["labels"][1:]
         picked = logps[:-1].gather(-1, targets.clamp(min=0)[:, None])[:, 0]
         values.append(torch.where(targets != IGNORE_INDEX, picked, torch.zeros_like(picked)))
     per_token = torch.cat(values)
@@ -158,7 +159,7 @@ def _scores_alone(model: PreTrainedModel, batch: dict) -> Outputs:
     """Reference: each sequence alone through the model's own forward (it pools at the last token)."""
     model = copy.deepcopy(model)
     model.zero_grad(set_to_none=True)
-    scores = torch.cat([model(input_ids=ids, use_cache=False).logits for ids, _ in _sequences(batch)])
+    scores = torch.cat([model(**example_alone(e), use_cache=False).logits for e in _examples(batch)])
     total = scores.sum()
     total.backward()
     return scores.detach().float(), total.detach().float(), gradients(model)

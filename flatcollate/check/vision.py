@@ -14,10 +14,13 @@ as for text families): the packed backend runs SDPA per sequence, and Gemma 3's 
 within the tolerance (fp32 CPU), as for text families (`flatcollate.check.text`), through the same per-backend loop
 (`flatcollate.check.runs.compare_backends`).
 
+With `task="dpo"` the same examples, scored on the second half of each (`flatcollate.check.vision_tasks`), compare
+the completion log-probabilities per token, their sum and its gradients (`flatcollate.check.tasks.run_logprobs`).
+
 Two controls show that the check can see the images it checks (`flatcollate.vision.controls`): reversing the batch's
-images across examples must move the logits by more than 1e-2, and every vision-tower and projector parameter must
-get a gradient in the reference run. Where either fails, an `exact` backend is reported `unverified` instead: its
-agreement would hold whether or not each image reached its own sequence.
+images across examples must move the logits (for `dpo`, the log-probabilities) by more than 1e-2, and every
+vision-tower and projector parameter must get a gradient in the reference run. Where either fails, an `exact` backend
+is reported `unverified` instead: its agreement would hold whether or not each image reached its own sequence.
 """
 
 import dataclasses
@@ -34,7 +37,9 @@ from ..models.vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, ti
 from ..vision.collate import VisionDataCollatorWithFlattening
 from ..vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift, unused_by_design
 from .report import BackendResult, CheckReport
-from .runs import compare_backends, gradients, token_losses
+from .runs import compare_backends, example_alone, gradients, run_flat, token_losses
+from .tasks import logprobs_alone, run_logprobs
+from .vision_tasks import completion_only, image_text_task_refusal, logprob_shift
 
 IMAGES_PER_EXAMPLE = (1, 2, 0)
 """Images of the checked examples: one, several (their features must stay in order), none (a text-only sequence)."""
@@ -42,8 +47,6 @@ IMAGES_PER_EXAMPLE = (1, 2, 0)
 REFUSALS = (ValueError, RuntimeError, TypeError, IndexError, NotImplementedError)
 """What a model raises when it cannot take a flattened image-text batch (a refused argument, a shape mismatch); the
 check reports it as the backend's reason. Anything else is a bug and propagates."""
-
-_PER_TOKEN = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
 
 SHIFT_CONTROL = "images reversed across examples (control)"
 GRADIENT_CONTROL = "image-path gradients (control)"
@@ -89,6 +92,7 @@ def check_vision_model(
     overrides: dict | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    task: str = "sft",
 ) -> CheckReport:
     """Compare a flattened image-text batch with each example run alone, per backend (fp32 CPU).
 
@@ -102,6 +106,9 @@ def check_vision_model(
             are (the examples come from `tiny_vision_examples` and run in float32 on the CPU).
         tolerance (`float`, *optional*): largest absolute difference that counts as exact; by default 1e-5, or fp32's
             resolution at a quantity's largest value where that is coarser (large projector gradients).
+        task (`str`, defaults to `"sft"`): `"sft"` compares logits, loss and gradients; `"dpo"` each example's
+            completion log-probabilities per token (`sequence_logprobs`, the second half of each example scored:
+            `flatcollate.check.vision_tasks`), their sum and its gradients. `"reward"` is refused (text families only).
 
     Returns:
         `CheckReport`: `lengths` are the examples' token counts; a family without a tiny recipe gets every backend
@@ -119,6 +126,8 @@ def check_vision_model(
             f"A {model_type} model is checked from its family's tiny recipe (the examples are laid out for its sizes); "
             f"pass its model_type {model_type!r} instead of the model."
         )
+    if (refused := image_text_task_refusal(model_type, task)) is not None:
+        raise ValueError(refused)
     given = {"lengths": lengths, "overrides": overrides or None}
     given |= {"device": None if torch.device(device).type == "cpu" else device}
     given |= {"dtype": None if dtype == torch.float32 else dtype}
@@ -135,19 +144,25 @@ def check_vision_model(
         return CheckReport(model_type=model_type, lengths=(), tolerance=tolerance or 1e-5, results=results)
     base = tiny_vision_lm(model_type, seed=seed, attn_implementation="sdpa").eval()
     examples = tiny_vision_examples(base, count=len(IMAGES_PER_EXAMPLE), seed=seed, images=IMAGES_PER_EXAMPLE)
+    if task == "dpo":
+        examples = [completion_only(example) for example in examples]
     collator = VisionDataCollatorWithFlattening.from_model(base)
     batch = collator(examples)
-    ref_logits, ref_loss, ref_grads = _run_alone(base, examples)
+    alone, run, shifted = (
+        (_run_alone, run_flat, image_shift) if task == "sft" else (logprobs_alone, run_logprobs, logprob_shift)
+    )
+    ref_logits, ref_loss, ref_grads = alone(base, examples)
     tolerances = _tolerances(tolerance, ref_logits, ref_loss, ref_grads)
     reference = (ref_logits, ref_loss, ref_grads)
     results, ran = compare_backends(
-        base, batch, backends, reference, tolerances, refusals=REFUSALS, describe=refusal_reason
+        base, batch, backends, reference, tolerances, refusals=REFUSALS, describe=refusal_reason, run=run
     )
     # The negative control runs on the prepared model where it ran, else on the first backend that did.
     runner = ran.get(ATTN_IMPLEMENTATION) or next(iter(ran.values()), None)
-    shift = None if runner is None else image_shift(runner[0], batch, collator.layout, runner[1])
+    shift = None if runner is None else shifted(runner[0], batch, collator.layout, runner[1])
     counts = (len(image_parameters(base)), len(unused_by_design(base)))
-    controls, blind = _controls(shift, counts, dead_image_parameters(base, ref_grads))
+    moved = "the logits" if task == "sft" else "the completion log-probabilities"
+    controls, blind = _controls(shift, counts, dead_image_parameters(base, ref_grads), moved=moved)
     if blind is not None:
         results = [
             dataclasses.replace(r, status="unverified", reason=blind) if r.status == "exact" else r for r in results
@@ -157,25 +172,28 @@ def check_vision_model(
         lengths=tuple(len(e["input_ids"]) for e in examples),
         tolerance=max(tolerances.values()),
         results=results,
-        exercised={**_exercised(base, examples, model), **controls},
+        exercised={**_task(task), **_exercised(base, examples, model), **controls},
         tolerances=tolerances,
     )
 
 
-def _controls(shift: float | None, counts: tuple[int, int], dead: list[str]) -> tuple[dict[str, str], str | None]:
+def _controls(
+    shift: float | None, counts: tuple[int, int], dead: list[str], *, moved: str = "the logits"
+) -> tuple[dict[str, str], str | None]:
     """What the controls measured, for the report, and why the check is blind to its images (None when it is not).
 
     Args:
-        shift (`float`, *optional*): `image_shift` of a backend that ran the batch.
+        shift (`float`, *optional*): `image_shift` (or `logprob_shift`) of a backend that ran the batch.
         counts (`tuple[int, int]`): parameters on the image path, and those of them unused by design.
         dead (`list[str]`): `dead_image_parameters`.
+        moved (`str`): what `shift` measured, for the report.
 
     >>> _controls(0.5, (30, 2), [])[0]["image-path gradients (control)"]
     '28 of 30 parameters get one (2 unused by design)'
     >>> _controls(0.5, (30, 0), [])[1] is None, _controls(0.0, (30, 0), [])[1]
     (True, 'blind to its images: reversing them across examples moves the logits by 0.0e+00 (a control needs > 1e-02)')
     """
-    measured = "not run (no backend ran the batch)" if shift is None else f"the logits move by {shift:.1e}"
+    measured = "not run (no backend ran the batch)" if shift is None else f"{moved} move by {shift:.1e}"
     controls = {
         SHIFT_CONTROL: f"{measured}; more than {IMAGE_SHIFT:g} needed",
         GRADIENT_CONTROL: f"{counts[0] - counts[1] - len(dead)} of {counts[0]} parameters get one"
@@ -184,9 +202,7 @@ def _controls(shift: float | None, counts: tuple[int, int], dead: list[str]) -> 
     }
     why = []
     if shift is not None and shift <= IMAGE_SHIFT:
-        why.append(
-            f"reversing them across examples moves the logits by {shift:.1e} (a control needs > {IMAGE_SHIFT:.0e})"
-        )
+        why.append(f"reversing them across examples moves {moved} by {shift:.1e} (a control needs > {IMAGE_SHIFT:.0e})")
     if dead:
         why.append(f"{len(dead)} vision-tower or projector parameters get no gradient ({dead[0]}, ...)")
     return controls, ("blind to its images: " + "; ".join(why)) if why else None
@@ -232,8 +248,7 @@ def _run_alone(model: PreTrainedModel, examples: list[dict]) -> tuple[torch.Tens
     model.zero_grad(set_to_none=True)
     logits, total, count = [], 0.0, 0
     for example in examples:  # one forward per example, never across
-        alone = {k: v[None] if k in _PER_TOKEN else v for k, v in example.items() if k != "labels"}
-        out = model(**alone, use_cache=False)
+        out = model(**example_alone(example), use_cache=False)
         labels = example["labels"][None]
         total = total + token_losses(out.logits, labels)
         count += int((labels[0, 1:] != IGNORE_INDEX).sum())
@@ -241,6 +256,11 @@ def _run_alone(model: PreTrainedModel, examples: list[dict]) -> tuple[torch.Tens
     loss = total / count
     loss.backward()
     return torch.cat(logits, dim=1).float(), loss.detach().float(), gradients(model)
+
+
+def _task(task: str) -> dict[str, str]:
+    """The report's `task` line for a task other than `sft`."""
+    return {} if task == "sft" else {"task": f"{task}: completion log-probabilities per example (its second half)"}
 
 
 def _exercised(model: PreTrainedModel, examples: list[dict], given) -> dict[str, str]:
