@@ -61,7 +61,9 @@ def sequence_logprobs(
         model (`torch.nn.Module`): a causal LM prepared with `flatcollate.prepare_model_for_flattening` (or one
             whose backend keeps the row's sequences apart).
         batch (`Mapping`): one flattened row as the flattening collators emit it: `input_ids` `(1, T)`, `labels`
-            `(1, T)` (-100 where a token is not scored), and `cu_seq_lens_q` or restarting `position_ids`.
+            `(1, T)` (-100 where a token is not scored), and `cu_seq_lens_q` or restarting `position_ids`. An
+            image-text row from `flatcollate.vision.VisionDataCollatorWithFlattening` works as it is: its vision
+            fields and per-token types go to the model with the row (`tests/preference/test_vision_logprobs.py`).
         per_token (`bool`, defaults to `False`): return every sequence's per-token log-probabilities instead of
             their sums.
         temperature (`float`, defaults to 1.0): the logits are divided by it (as GRPO samples).
