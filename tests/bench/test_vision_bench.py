@@ -178,7 +178,7 @@ def test_command_line_refuses_batches_without_a_labelled_token(tmp_path):
     sizes = ["--set", "hidden_size=32", "--set", "intermediate_size=64", "--max-pixels", str(SMALL_PIXELS)]
     run = ["--profile", "gsm8k", "--batch-size", "2", "--max-length", "8", "--steps", "1", "--repeats", "1"]
     args = _parse(["--vision", *run, *sizes, "--out-dir", str(tmp_path), "--no-progress"])
-    with pytest.raises(UsageError, match="padded step 0: no example .* Raise --max-length"):
+    with pytest.raises(UsageError, match=r"padded step 0: no example .* Raise --max-length"):
         args.func(args)
 
 
