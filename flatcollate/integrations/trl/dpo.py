@@ -14,17 +14,11 @@ counts are computed by `DPOTrainer` itself::
 
 from collections.abc import Mapping
 
-import torch
 from trl import DPOTrainer
-from trl.trainer.utils import FusedCausalLMOutput
 
-from ..._conventions import IGNORE_INDEX
 from ...modeling import prepare_model_for_flattening
 from ...preference.collate import DataCollatorForPreference
-from ...preference.logprobs import next_token_labels
-
-MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-PER_TOKEN_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
+from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_image_rows, refuse_padding_options
 
 
 class FlatDPOTrainer(DPOTrainer):
@@ -48,10 +42,9 @@ class FlatDPOTrainer(DPOTrainer):
         self._prepared = False
         names = ("model", "ref_model", "args", "data_collator", "train_dataset")
         given = {**dict(zip(names, args, strict=False)), **kwargs}
-        _refuse_image_rows(given.get("train_dataset"))
+        refuse_image_rows(given.get("train_dataset"), trainer="FlatDPOTrainer", padded_trainer="DPOTrainer")
         training_args = given.get("args")
-        if getattr(training_args, "pad_to_multiple_of", None) is not None:
-            raise ValueError("`pad_to_multiple_of` shapes padded batches; a flattened row has none. Leave it None.")
+        refuse_padding_options(training_args)
         if data_collator is None and training_args is not None:
             data_collator = DataCollatorForPreference(
                 max_length=training_args.max_length, truncation_mode=training_args.truncation_mode
@@ -76,103 +69,37 @@ class FlatDPOTrainer(DPOTrainer):
 
     def compute_ref_log_probs(self, model, inputs):
         """The reference log-probabilities of a flattened batch, computed over the row by `DPOTrainer`'s own code."""
-        if not is_flattened_pairs(inputs):
+        if not is_flattened(inputs):
             return super().compute_ref_log_probs(model, inputs)
-        layout = PairLayout(inputs)
-        return super().compute_ref_log_probs(FlatForward(model, layout), layout.padded_inputs())
+        layout = pair_layout(inputs)
+        return super().compute_ref_log_probs(FlatForward(model, [layout]), padded_pairs(layout, inputs))
 
     def _compute_loss(self, model, inputs, return_outputs):
-        if not is_flattened_pairs(inputs):
+        if not is_flattened(inputs):
             return super()._compute_loss(model, inputs, return_outputs)
-        layout = PairLayout(inputs)
-        padded = layout.padded_inputs()
+        layout = pair_layout(inputs)
+        padded = padded_pairs(layout, inputs)
         precomputed = self.precompute_ref_logps
         if not precomputed:  # the reference over the flattened row too, then TRL's precomputed branch takes it
             reference = self.ref_model if self.ref_model is not None else self.model
             padded["ref_chosen_logps"], padded["ref_rejected_logps"] = self.compute_ref_log_probs(reference, inputs)
         try:
             self.precompute_ref_logps = True
-            return super()._compute_loss(FlatForward(model, layout), padded, return_outputs)
+            return super()._compute_loss(FlatForward(model, [layout]), padded, return_outputs)
         finally:
             self.precompute_ref_logps = precomputed
 
 
-def is_flattened_pairs(inputs: Mapping) -> bool:
-    """Whether a batch is a flattened row of preference pairs (`DataCollatorForPreference`'s output)."""
-    return inputs.get("cu_seq_lens_q") is not None and inputs.get("completion_mask") is not None
+def pair_layout(inputs: Mapping) -> SequenceLayout:
+    """The layout of a flattened row of `2N` sequences: every chosen one, then every rejected one."""
+    layout = SequenceLayout(inputs)
+    if layout.count % 2:
+        raise ValueError(f"a batch of preference pairs has an even number of sequences, got {layout.count}.")
+    return layout
 
 
-class PairLayout:
-    """Where each token of a flattened row of `2N` sequences sits in TRL's padded `(2N, L)` batch."""
-
-    def __init__(self, inputs: Mapping):
-        self.inputs = inputs
-        bounds = inputs["cu_seq_lens_q"].long()
-        self.bounds = bounds.cpu()
-        starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-        if len(lengths) % 2:
-            raise ValueError(f"a batch of preference pairs has an even number of sequences, got {len(lengths)}.")
-        width = int(lengths.max())
-        offsets = torch.arange(width, device=bounds.device)
-        self.valid = offsets[None] < lengths[:, None]  # (2N, L)
-        self.index = (starts[:, None] + offsets[None]).clamp(max=int(bounds[-1]) - 1)
-
-    def padded(self, flat: torch.Tensor, fill=0) -> torch.Tensor:
-        """A `(1, T)` per-token field as `(2N, L)`, `fill` past each sequence."""
-        values = flat[0][self.index.to(flat.device)]
-        return torch.where(self.valid.to(flat.device), values, torch.full_like(values, fill))
-
-    def padded_inputs(self) -> dict:
-        """What `DPOTrainer` reads of a batch: padded `input_ids`, `attention_mask`, `completion_mask`, and the
-        precomputed reference log-probabilities where the batch has them."""
-        inputs = self.inputs
-        padded = {
-            "input_ids": self.padded(inputs["input_ids"]),
-            "attention_mask": self.valid.long().to(inputs["input_ids"].device),
-            "completion_mask": self.padded(inputs["completion_mask"]),
-        }
-        for key in ("ref_chosen_logps", "ref_rejected_logps"):
-            if key in inputs:
-                padded[key] = inputs[key]
-        return padded
-
-    def shift_labels(self) -> torch.Tensor:
-        """Next-token labels over the row, `(1, T)`: completion tokens only, never across a boundary."""
-        ids, completion = self.inputs["input_ids"], self.inputs["completion_mask"]
-        return next_token_labels(torch.where(completion.bool(), ids, IGNORE_INDEX), self.bounds)
-
-    def padded_outputs(self, outputs: FusedCausalLMOutput) -> FusedCausalLMOutput:
-        """The fused head's per-token fields over the row, laid out as its padded forward returns them:
-        `(2N, L - 1)`, position `j` of row `k` scoring token `j + 1` of sequence `k`."""
-        fields = {key: getattr(outputs, key) for key in ("loss", "aux_loss")}
-        for key in PER_TOKEN_OUTPUTS:
-            value = getattr(outputs, key)
-            fields[key] = None if value is None else self.padded(value)[:, :-1]
-        return FusedCausalLMOutput(**fields)
-
-
-class FlatForward:
-    """Stands for a model inside `DPOTrainer`: its fused-head call runs the model once over the flattened row and
-    returns the padded layout; any other call (the deprecated `return_outputs` path) runs the model as given."""
-
-    def __init__(self, model, layout: PairLayout):
-        self.model, self.layout = model, layout
-
-    def __call__(self, *args, fused_lm_head: bool = False, **kwargs):
-        if not fused_lm_head:
-            return self.model(*args, **kwargs)
-        inputs = {key: self.layout.inputs[key] for key in MODEL_INPUTS if key in self.layout.inputs}
-        options = {key: kwargs[key] for key in ("output_router_logits",) if key in kwargs}
-        outputs = self.model(
-            **inputs, shift_labels=self.layout.shift_labels(), fused_lm_head=True, use_cache=False, **options
-        )
-        return self.layout.padded_outputs(outputs)
-
-
-def _refuse_image_rows(dataset) -> None:
-    columns = getattr(dataset, "column_names", None) or []
-    if {"image", "images"} & set(columns):
-        raise ValueError(
-            "FlatDPOTrainer flattens text preference pairs; rows with images go through DPOTrainer's own padded "
-            "vision collator. Use trl.DPOTrainer for this dataset."
-        )
+def padded_pairs(layout: SequenceLayout, inputs: Mapping) -> dict:
+    """What `DPOTrainer` reads of a batch: padded `input_ids`, `attention_mask`, `completion_mask` `(2N, L)`, and the
+    precomputed reference log-probabilities `(N,)` where the batch has them."""
+    reference = {key: inputs[key] for key in ("ref_chosen_logps", "ref_rejected_logps") if key in inputs}
+    return {**layout.padded_inputs(), **reference}
