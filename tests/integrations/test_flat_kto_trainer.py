@@ -1,8 +1,8 @@
 """One optimizer step of `FlatKTOTrainer` equals `KTOTrainer`'s padded step on the same batch: loss, the logged
 metrics (KL, rewards, margins, log-probs, logits, entropy, tokens) and every parameter after one SGD step, fp32 CPU,
 within 1e-5, for KTO with its KL term, APO-zero (unpaired), a precomputed reference, desirable/undesirable weights and
-LoRA, with a `max_length` that cuts most sequences. Unpaired rows from HH-RLHF pairs, Qwen2.5's tokenizer, a tiny Qwen2; the
-reference model differs from the policy, so the KL term and the rewards are not zero."""
+LoRA, with a `max_length` that cuts most sequences. Unpaired rows from HH-RLHF pairs, Qwen2.5's tokenizer, a tiny
+Qwen2; the reference model differs from the policy, so the KL term and the rewards are not zero."""
 
 import gzip
 import json
