@@ -16,6 +16,7 @@ from flatcollate.models import tiny_causal_lm
 from flatcollate.preference import DataCollatorForPreference
 
 trl = pytest.importorskip("trl")
+dpo_trainer_module = pytest.importorskip("trl.trainer.dpo_trainer")
 TOL = 1e-5
 METRICS = (
     "loss",
@@ -177,3 +178,20 @@ def test_batches_are_one_flattened_row_without_padding(qwen, pairs):
     lengths = (batch["cu_seq_lens_q"][1:] - batch["cu_seq_lens_q"][:-1]).tolist()
     assert batch["input_ids"].shape == (1, sum(lengths)) and len(lengths) == 8
     assert "attention_mask" not in batch
+
+
+def test_without_args_the_collator_cuts_where_dpo_trainers_default_config_cuts(qwen, pairs, tmp_path, monkeypatch):
+    """Without `args`, DPOTrainer trains with a default DPOConfig (max_length 1024, keep_start); the flattened
+    collator must cut the same sequences, not keep them whole."""
+    monkeypatch.chdir(tmp_path)  # the default config's output_dir is relative
+
+    class CPUConfig(trl.DPOConfig):  # DPOTrainer's default config, where bf16 (its default) is refused on a CPU
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{"bf16": False, "use_cpu": True, **kwargs})
+
+    monkeypatch.setattr(dpo_trainer_module, "DPOConfig", CPUConfig)
+    model = tiny_causal_lm("llama", vocab_size=len(qwen), seed=0)
+    trainer = FlatDPOTrainer(model=model, ref_model=copy.deepcopy(model), train_dataset=pairs, processing_class=qwen)
+    assert trainer.args.max_length is not None
+    assert trainer.data_collator.max_length == trainer.args.max_length
+    assert trainer.data_collator.truncation_mode == trainer.args.truncation_mode

@@ -14,7 +14,7 @@ counts are computed by `DPOTrainer` itself::
 
 from collections.abc import Mapping
 
-from trl import DPOTrainer
+from trl import DPOConfig, DPOTrainer
 
 from ...modeling import prepare_model_for_flattening
 from ...preference.collate import DataCollatorForPreference
@@ -45,11 +45,10 @@ class FlatDPOTrainer(DPOTrainer):
         refuse_image_rows(given.get("train_dataset"), trainer="FlatDPOTrainer", padded_trainer="DPOTrainer")
         training_args = given.get("args")
         refuse_padding_options(training_args)
-        if data_collator is None and training_args is not None:
-            data_collator = DataCollatorForPreference(
-                max_length=training_args.max_length, truncation_mode=training_args.truncation_mode
-            )
-        super().__init__(*args, data_collator=data_collator or DataCollatorForPreference(), **kwargs)
+        if data_collator is None:  # without `args`, DPOTrainer builds a default DPOConfig: cut where it cuts
+            cut = DPOConfig if training_args is None else training_args
+            data_collator = DataCollatorForPreference(max_length=cut.max_length, truncation_mode=cut.truncation_mode)
+        super().__init__(*args, data_collator=data_collator, **kwargs)
         self._prepare_models()
 
     def _prepare_models(self) -> None:
