@@ -56,7 +56,11 @@ def setup_lines(result: dict) -> list[str]:
         f"hidden {model['hidden_size']}, {model['num_hidden_layers']} layers), {config['dtype']}",
         f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
         f"max_length {config['max_length']}, {config['steps']} steps per pass, {config['repeats']} repeats "
-        "(modes interleaved, each warmed up until its step times settle)",
+        + (
+            "(each run a fresh process warmed up until its step times settle, the modes taking turns)"
+            if env.get("process_per_pass")
+            else "(modes interleaved in this process, each warmed up until its step times settle)"
+        ),
         f"{pool['sequences']} sequences, {pool['real_tokens']} real tokens, mean length {pool['mean_length']:.0f}, "
         f"{pool['truncated']} truncated to max_length",
     ]

@@ -362,7 +362,8 @@ def test_the_bench_command_trains_every_mode_in_its_own_process(tmp_path, capsys
     assert main([*argv, "--out-dir", str(tmp_path)]) in (0, None)
     result = json.loads((tmp_path / "throughput.json").read_text())
     assert result["environment"]["process_per_pass"] is True
-    assert "x padded" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "x padded" in out and "each run a fresh process" in out
 
 
 def test_the_bench_command_refuses_batches_without_a_labelled_token(tmp_path, capsys):
