@@ -10,6 +10,11 @@ counts are computed by `DPOTrainer` itself::
     collated      [p0 c0 | p1 c1 | p0 r0 | p1 r1]                  one row, no padding
     forward       policy and reference, each once over the row      (TRL's fused LM head, pre-shifted labels)
     laid out      row k of TRL's padded [chosen; rejected] batch     -> DPOTrainer's loss and metrics
+
+Image-text pairs (`image` / `images` rows, processed on the fly as TRL's `DataCollatorForVisionPreference` does) are
+collated by `flatcollate.preference.vision_collate.VisionDataCollatorForPreference`: each pair's images go with its
+chosen and its rejected sequence, and the prepared model computes multimodal positions per sequence. Families proven
+exact against `DPOTrainer`'s padded vision step are `VISION_FAMILIES`; others are refused.
 """
 
 from collections.abc import Mapping
@@ -18,7 +23,12 @@ from trl import DPOConfig, DPOTrainer
 
 from ...modeling import prepare_model_for_flattening
 from ...preference.collate import DataCollatorForPreference
-from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_image_rows, refuse_padding_options
+from ...preference.vision_collate import VisionDataCollatorForPreference
+from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_padding_options
+
+VISION_FAMILIES = frozenset({"qwen2_5_vl"})
+"""Image-text families whose `FlatDPOTrainer` step is tested equal to `DPOTrainer`'s padded step
+(tests/integrations/test_flat_dpo_vision.py)."""
 
 
 class FlatDPOTrainer(DPOTrainer):
@@ -32,7 +42,8 @@ class FlatDPOTrainer(DPOTrainer):
     Args:
         *args, **kwargs: as for `DPOTrainer`.
         data_collator (*optional*): defaults to `DataCollatorForPreference(max_length=args.max_length,
-            truncation_mode=args.truncation_mode)`.
+            truncation_mode=args.truncation_mode)`, and for rows with images to
+            `VisionDataCollatorForPreference.from_model(model, processing_class, max_length=args.max_length)`.
         attn_implementation (`str`, *optional*, defaults to `"flatcollate"`): passed to
             `prepare_model_for_flattening`; `None` keeps the model's backend (e.g. `flash_attention_2`).
     """
@@ -42,13 +53,22 @@ class FlatDPOTrainer(DPOTrainer):
         self._prepared = False
         names = ("model", "ref_model", "args", "data_collator", "train_dataset")
         given = {**dict(zip(names, args, strict=False)), **kwargs}
-        refuse_image_rows(given.get("train_dataset"), trainer="FlatDPOTrainer", padded_trainer="DPOTrainer")
+        columns = getattr(given.get("train_dataset"), "column_names", None) or []
+        vision = bool({"image", "images"} & set(columns))
         training_args = given.get("args")
         refuse_padding_options(training_args)
-        if data_collator is None:  # without `args`, DPOTrainer builds a default DPOConfig: cut where it cuts
+        if data_collator is None and not vision:  # without `args`, DPOTrainer builds a default DPOConfig: cut there
             cut = DPOConfig if training_args is None else training_args
             data_collator = DataCollatorForPreference(max_length=cut.max_length, truncation_mode=cut.truncation_mode)
+        if vision and hasattr(given.get("model"), "config"):  # a model given by name is read once loaded
+            refuse_unproven_family(given["model"])
         super().__init__(*args, data_collator=data_collator, **kwargs)
+        if vision:
+            refuse_unproven_family(self.model)
+            if data_collator is None:  # TRL's padded vision collator, built by `DPOTrainer.__init__`, is replaced
+                self.data_collator = VisionDataCollatorForPreference.from_model(
+                    self.model, self.processing_class, max_length=self.args.max_length
+                )
         self._prepare_models()
 
     def _prepare_models(self) -> None:
@@ -87,6 +107,16 @@ class FlatDPOTrainer(DPOTrainer):
             return super()._compute_loss(FlatForward(model, [layout]), padded, return_outputs)
         finally:
             self.precompute_ref_logps = precomputed
+
+
+def refuse_unproven_family(model) -> None:
+    """Raise for image rows on a family whose flattened DPO step is not tested equal to the padded one."""
+    family = getattr(getattr(model, "config", None), "model_type", None)
+    if family not in VISION_FAMILIES:
+        raise ValueError(
+            f"FlatDPOTrainer on rows with images is tested equal to DPOTrainer's padded step for "
+            f"{', '.join(sorted(VISION_FAMILIES))}; the model is {family!r}. Use trl.DPOTrainer for this model."
+        )
 
 
 def pair_layout(inputs: Mapping) -> SequenceLayout:

@@ -18,10 +18,13 @@ from collections.abc import Mapping, Sequence
 import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
-from ..._conventions import IGNORE_INDEX
+from ..._conventions import IGNORE_INDEX, IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ...preference.logprobs import next_token_labels
 
 MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+VISION_INPUTS = (*TOKEN_TYPE_FIELDS, *IMAGE_FIELDS)
+"""Fields of a flattened image-text row the model takes as they are: per-token types `(1, T)` and vision fields in
+sequence order (`flatcollate.vision.VisionDataCollatorWithFlattening`)."""
 PER_TOKEN_OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1", "label_mask")
 
 
@@ -36,12 +39,13 @@ class SequenceLayout:
 
     Args:
         inputs (`Mapping`): a flattened batch: `input_ids`, `completion_mask` `(1, T)`, `cu_seq_lens_q` `(N + 1,)`
-            and the model inputs of `MODEL_INPUTS`, under `prefix`-ed keys.
+            and the model inputs of `MODEL_INPUTS` (and `VISION_INPUTS` of an image-text row), under `prefix`-ed keys.
         prefix (`str`, defaults to `""`): `"KL_"` reads the KL row of an unpaired preference batch.
     """
 
     def __init__(self, inputs: Mapping, prefix: str = ""):
-        self.row = {key: inputs[prefix + key] for key in (*MODEL_INPUTS, "completion_mask") if prefix + key in inputs}
+        fields = (*MODEL_INPUTS, *VISION_INPUTS, "completion_mask")
+        self.row = {key: inputs[prefix + key] for key in fields if inputs.get(prefix + key) is not None}
         bounds = self.row["cu_seq_lens_q"].long()
         self.bounds = bounds.cpu()
         starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
@@ -95,7 +99,8 @@ class SequenceLayout:
 class FlatForward:
     """Stands for a model inside a TRL trainer: its fused-head call runs the model once over the flattened row whose
     padded layout TRL passed (`input_ids`, and `attention_mask` / `labels` where given, must be one layout's) and
-    returns the padded outputs; any other call (the deprecated `return_outputs` path) runs the model as given.
+    returns the padded outputs (an image-text row runs with its vision fields and token types); any other call (the
+    deprecated `return_outputs` path) runs the model as given.
 
     Two layouts that both match hold the same sequences (ids, lengths, completion masks), so either gives the same
     outputs; a call that matches none raises rather than guess.
@@ -109,7 +114,7 @@ class FlatForward:
             return self.model(*args, **kwargs)
         layout = self.layout_of(kwargs.get("input_ids"), kwargs.get("attention_mask"), kwargs.get("labels"))
         options = {key: kwargs[key] for key in ("output_router_logits",) if key in kwargs}
-        inputs = {key: layout.row[key] for key in MODEL_INPUTS if key in layout.row}
+        inputs = {key: layout.row[key] for key in (*MODEL_INPUTS, *VISION_INPUTS) if key in layout.row}
         outputs = self.model(
             **inputs, shift_labels=layout.shift_labels(), fused_lm_head=True, use_cache=False, **options
         )
