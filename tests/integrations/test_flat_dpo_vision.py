@@ -1,10 +1,11 @@
 """One optimizer step of `FlatDPOTrainer` on image-text preference pairs equals `DPOTrainer`'s padded vision step:
 loss, the logged metrics (rewards, margins, accuracies, log-probs, entropy) and every parameter after one SGD step
-(vision tower included), fp32 CPU, within 1e-5, for Qwen2.5-VL (mRoPE, `mm_token_type_ids`) and Gemma 3 (image blocks
-attending both ways, `token_type_ids`). Tiny models with the Qwen2.5 tokenizer's vocabulary and the processor's
-multimodal token ids; each family's real processor class and PIL image processor built offline on the Qwen2.5
-tokenizer (Qwen2.5-VL's through `images_only`); a reference model with other weights. The pairs hold 1, 2, 1 and 1
-images of four sizes (Gemma 3 resizes every image to one size); pairs 0 and 2 have images of one size::
+(vision tower included), fp32 CPU, within 1e-5, for Qwen2-VL and Qwen2.5-VL (mRoPE, `mm_token_type_ids`) and Gemma 3
+(image blocks attending both ways, `token_type_ids`). Tiny models with the Qwen2.5 tokenizer's vocabulary and the
+processor's multimodal token ids; each family's real processor class and PIL image processor built offline on the
+Qwen2.5 tokenizer (Qwen2-VL's and Qwen2.5-VL's through `images_only`); a reference model with other weights. The pairs
+hold 1, 2, 1 and 1 images of four sizes (Gemma 3 resizes every image to one size); pairs 0 and 2 have images of one
+size::
 
     TRL          prompts + images processed as a batch, left-padded, completions right-padded, flushed left
     flattened    [p0 c0 | p1 c1 | p2 c2 | p3 c3 | p0 r0 | p1 r1 | p2 r2 | p3 r3]    images img0 img1 img2 img3 twice
@@ -29,6 +30,7 @@ from transformers import (
     Gemma3Processor,
     Qwen2_5_VLProcessor,
     Qwen2VLImageProcessorPil,
+    Qwen2VLProcessor,
 )
 
 from flatcollate.integrations.trl import FlatDPOTrainer
@@ -76,6 +78,17 @@ FAMILIES = {
         token_types="mm_token_type_ids",
         patch_embedding="model.visual.patch_embed.proj.weight",
     ),
+    "qwen2_vl": Family(
+        image="<|vision_start|><|image_pad|><|vision_end|>",
+        tokens={
+            "image_token_id": "<|image_pad|>",
+            "video_token_id": "<|video_pad|>",
+            "vision_start_token_id": "<|vision_start|>",
+            "vision_end_token_id": "<|vision_end|>",
+        },
+        token_types="mm_token_type_ids",
+        patch_embedding="model.visual.patch_embed.proj.weight",
+    ),
     "gemma3": Family(
         image="<start_of_image>",
         tokens={
@@ -96,8 +109,8 @@ def family(request):
 
 @pytest.fixture(scope="module")
 def processor(family, tokenizer_dir):
-    """The family's processor sized for its tiny vision tower: Qwen2.5-VL's with patch 4, merge 2 (an image of h x w
-    pixels fills h * w / 64 placeholders); Gemma 3's at 32 x 32 pixels, 4 placeholders per image."""
+    """The family's processor sized for its tiny vision tower: Qwen2-VL's and Qwen2.5-VL's with patch 4, merge 2 (an
+    image of h x w pixels fills h * w / 64 placeholders); Gemma 3's at 32 x 32 pixels, 4 placeholders per image."""
     path = tokenizer_dir("qwen2.5-instruct")
     if family == "gemma3":
         tokenizer = AutoTokenizer.from_pretrained(path, extra_special_tokens=GEMMA_TOKENS)
@@ -105,7 +118,8 @@ def processor(family, tokenizer_dir):
         return Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=4)
     image_processor = Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, min_pixels=8 * 8, max_pixels=32 * 32)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return images_only(Qwen2_5_VLProcessor)(image_processor=image_processor, tokenizer=tokenizer)
+    processor_class = Qwen2VLProcessor if family == "qwen2_vl" else Qwen2_5_VLProcessor
+    return images_only(processor_class)(image_processor=image_processor, tokenizer=tokenizer)
 
 
 def tiny_model(family: str, processor, seed: int):

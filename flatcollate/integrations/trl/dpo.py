@@ -26,7 +26,7 @@ from ...preference.collate import DataCollatorForPreference
 from ...preference.vision_collate import VisionDataCollatorForPreference
 from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_padding_options
 
-VISION_FAMILIES = frozenset({"gemma3", "qwen2_5_vl"})
+VISION_FAMILIES = frozenset({"gemma3", "qwen2_5_vl", "qwen2_vl"})
 """Image-text families whose `FlatDPOTrainer` step is tested equal to `DPOTrainer`'s padded step
 (tests/integrations/test_flat_dpo_vision.py)."""
 
