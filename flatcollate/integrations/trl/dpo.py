@@ -21,17 +21,17 @@ from collections.abc import Mapping
 
 from trl import DPOConfig, DPOTrainer
 
-from ...modeling import prepare_model_for_flattening
 from ...preference.collate import DataCollatorForPreference
 from ...preference.vision_collate import VisionDataCollatorForPreference
 from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_padding_options
+from .prepared import PreparedModelsMixin
 
 VISION_FAMILIES = frozenset({"gemma3", "qwen2_5_vl", "qwen2_vl"})
 """Image-text families whose `FlatDPOTrainer` step is tested equal to `DPOTrainer`'s padded step
 (tests/integrations/test_flat_dpo_vision.py)."""
 
 
-class FlatDPOTrainer(DPOTrainer):
+class FlatDPOTrainer(PreparedModelsMixin, DPOTrainer):
     """`trl.DPOTrainer` on flattened rows: one row of `2N` sequences per batch, the policy and reference models
     prepared with `prepare_model_for_flattening` (the reference's log-probabilities too, live or precomputed).
 
@@ -49,8 +49,7 @@ class FlatDPOTrainer(DPOTrainer):
     """
 
     def __init__(self, *args, data_collator=None, attn_implementation: str | None = "flatcollate", **kwargs):
-        self._attn_implementation = attn_implementation
-        self._prepared = False
+        self._init_flattening(attn_implementation)
         names = ("model", "ref_model", "args", "data_collator", "train_dataset")
         given = {**dict(zip(names, args, strict=False)), **kwargs}
         columns = getattr(given.get("train_dataset"), "column_names", None) or []
@@ -71,21 +70,6 @@ class FlatDPOTrainer(DPOTrainer):
                 )
         self._prepare_models()
 
-    def _prepare_models(self) -> None:
-        """Prepare the policy (its base model under PEFT) and the reference model, once: before the reference
-        log-probabilities are precomputed, which `DPOTrainer.__init__` does."""
-        if self._prepared:
-            return
-        policy = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        for model in (policy, self.ref_model):
-            if model is not None:
-                prepare_model_for_flattening(model, attn_implementation=self._attn_implementation)
-        self._prepared = True
-
-    def _precompute_ref_logps(self, dataset, name: str, batch_size: int):
-        self._prepare_models()
-        return super()._precompute_ref_logps(dataset, name, batch_size)
-
     def compute_ref_log_probs(self, model, inputs):
         """The reference log-probabilities of a flattened batch, computed over the row by `DPOTrainer`'s own code."""
         if not is_flattened(inputs):
@@ -98,15 +82,10 @@ class FlatDPOTrainer(DPOTrainer):
             return super()._compute_loss(model, inputs, return_outputs)
         layout = pair_layout(inputs)
         padded = padded_pairs(layout, inputs)
-        precomputed = self.precompute_ref_logps
-        if not precomputed:  # the reference over the flattened row too, then TRL's precomputed branch takes it
-            reference = self.ref_model if self.ref_model is not None else self.model
+        if not self.precompute_ref_logps:  # the reference over the flattened row too
+            reference = self._reference_model()
             padded["ref_chosen_logps"], padded["ref_rejected_logps"] = self.compute_ref_log_probs(reference, inputs)
-        try:
-            self.precompute_ref_logps = True
-            return super()._compute_loss(FlatForward(model, [layout]), padded, return_outputs)
-        finally:
-            self.precompute_ref_logps = precomputed
+        return self._loss_with_reference_given(FlatForward(model, [layout]), padded, return_outputs)
 
 
 def refuse_unproven_family(model) -> None:

@@ -20,14 +20,14 @@ from collections.abc import Mapping
 
 from trl import KTOConfig, KTOTrainer
 
-from ...modeling import prepare_model_for_flattening
 from ...preference.unpaired_collate import DataCollatorForUnpairedPreference
 from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_image_rows, refuse_padding_options
+from .prepared import PreparedModelsMixin
 
 REFERENCE_FIELDS = ("ref_logps", "ref_KL_logps")
 
 
-class FlatKTOTrainer(KTOTrainer):
+class FlatKTOTrainer(PreparedModelsMixin, KTOTrainer):
     """`trl.KTOTrainer` on flattened rows: the completions of a batch in one row, their KL completions in another, the
     policy and reference models prepared with `prepare_model_for_flattening` (the reference's log-probabilities too,
     live or precomputed).
@@ -44,8 +44,7 @@ class FlatKTOTrainer(KTOTrainer):
     """
 
     def __init__(self, *args, data_collator=None, attn_implementation: str | None = "flatcollate", **kwargs):
-        self._attn_implementation = attn_implementation
-        self._prepared = False
+        self._init_flattening(attn_implementation)
         names = ("model", "ref_model", "args", "data_collator", "train_dataset")
         given = {**dict(zip(names, args, strict=False)), **kwargs}
         refuse_image_rows(given.get("train_dataset"), trainer="FlatKTOTrainer", padded_trainer="KTOTrainer")
@@ -56,21 +55,6 @@ class FlatKTOTrainer(KTOTrainer):
             data_collator = DataCollatorForUnpairedPreference(max_length=max_length)
         super().__init__(*args, data_collator=data_collator, **kwargs)
         self._prepare_models()
-
-    def _prepare_models(self) -> None:
-        """Prepare the policy (its base model under PEFT) and the reference model, once: before the reference
-        log-probabilities are precomputed, which `KTOTrainer.__init__` does."""
-        if self._prepared:
-            return
-        policy = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        for model in (policy, self.ref_model):
-            if model is not None:
-                prepare_model_for_flattening(model, attn_implementation=self._attn_implementation)
-        self._prepared = True
-
-    def _precompute_ref_logps(self, dataset, name: str, batch_size: int):
-        self._prepare_models()
-        return super()._precompute_ref_logps(dataset, name, batch_size)
 
     def compute_ref_log_probs(self, model, inputs):
         """The reference log-probabilities of a flattened batch (and of its KL row), by `KTOTrainer`'s own code."""
@@ -91,17 +75,11 @@ class FlatKTOTrainer(KTOTrainer):
             return super()._compute_loss(model, inputs, return_outputs)
         layouts = self._layouts(inputs)
         padded = padded_batch(layouts, inputs)
-        precomputed = self.precompute_ref_logps
-        if not precomputed:  # the reference over the flattened rows too, then TRL's precomputed branch takes it
-            reference = self.ref_model if self.ref_model is not None else self.model
-            padded["ref_logps"], ref_kl_logps = self.compute_ref_log_probs(reference, inputs)
+        if not self.precompute_ref_logps:  # the reference over the flattened rows too
+            padded["ref_logps"], ref_kl_logps = self.compute_ref_log_probs(self._reference_model(), inputs)
             if self.calculate_KL:
                 padded["ref_KL_logps"] = ref_kl_logps
-        try:
-            self.precompute_ref_logps = True
-            return super()._compute_loss(FlatForward(model, layouts), padded, return_outputs)
-        finally:
-            self.precompute_ref_logps = precomputed
+        return self._loss_with_reference_given(FlatForward(model, layouts), padded, return_outputs)
 
     def _layouts(self, inputs: Mapping) -> list[SequenceLayout]:
         """The completions' row and, when the loss estimates the KL term, the KL completions' row."""
