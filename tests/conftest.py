@@ -28,3 +28,31 @@ def tokenizer_dir(shared_data):
         return path
 
     return get
+
+
+@pytest.fixture(scope="session")
+def hh_rlhf_prompt_pairs(shared_data):
+    """`hh_rlhf_prompt_pairs(n)` -> the first `n` HH-RLHF pairs whose chosen and rejected conversations share all but
+    their last assistant turn, as `(head, chosen_reply, rejected_reply)`: `head` is the conversation before that
+    turn (without `"\\n\\nAssistant:"`), the replies are what follows it."""
+    import gzip
+    import json
+
+    path = shared_data / "datasets" / "hh_rlhf_harmless_base_test.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"{path.name} not in {shared_data}")
+
+    def get(n: int) -> list[tuple[str, str, str]]:
+        found = []
+        with gzip.open(path, "rt") as lines:
+            for line in lines:
+                row = json.loads(line)
+                head, _, chosen = row["chosen"].rpartition("\n\nAssistant:")
+                rejected_head, _, rejected = row["rejected"].rpartition("\n\nAssistant:")
+                if head == rejected_head and chosen.strip() and rejected.strip():
+                    found.append((head, chosen, rejected))
+                if len(found) == n:
+                    return found
+        raise AssertionError(f"fewer than {n} usable pairs in {path.name}")
+
+    return get

@@ -3,8 +3,6 @@ metrics (rewards, margins, accuracies, log-probs) and every parameter after one 
 the loss types people use, a precomputed reference, `ld_alpha` and LoRA. HH-RLHF pairs, Qwen2.5's tokenizer."""
 
 import copy
-import gzip
-import json
 import tempfile
 
 import pytest
@@ -38,19 +36,13 @@ def qwen(tokenizer_dir):
 
 
 @pytest.fixture(scope="module")
-def pairs(shared_data):
+def pairs(hh_rlhf_prompt_pairs):
     """The first HH-RLHF pairs, split at their last assistant turn: prompt, chosen reply, rejected reply."""
-    rows = []
-    with gzip.open(shared_data / "datasets" / "hh_rlhf_harmless_base_test.jsonl.gz", "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            head, _, chosen = row["chosen"].rpartition("\n\nAssistant:")
-            rejected = row["rejected"].rpartition("\n\nAssistant:")[2]
-            if head == row["rejected"].rpartition("\n\nAssistant:")[0] and chosen.strip() and rejected.strip():
-                rows.append({"prompt": head[-300:] + "\n\nAssistant:", "chosen": chosen, "rejected": rejected})
-            if len(rows) == 8:
-                return Dataset.from_list(rows)
-    raise AssertionError("fewer than 8 usable pairs")
+    rows = [
+        {"prompt": head[-300:] + "\n\nAssistant:", "chosen": chosen, "rejected": rejected}
+        for head, chosen, rejected in hh_rlhf_prompt_pairs(8)
+    ]
+    return Dataset.from_list(rows)
 
 
 def one_step(trainer_class, qwen, pairs, tmp, *, peft_config=None, **options):

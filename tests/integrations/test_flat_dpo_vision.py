@@ -66,29 +66,20 @@ class Family:
     patch_embedding: str  # the vision tower's first weight: it moves only if the images train
 
 
+QWEN_VL = Family(  # Qwen2-VL and Qwen2.5-VL write and read images alike
+    image="<|vision_start|><|image_pad|><|vision_end|>",
+    tokens={
+        "image_token_id": "<|image_pad|>",
+        "video_token_id": "<|video_pad|>",
+        "vision_start_token_id": "<|vision_start|>",
+        "vision_end_token_id": "<|vision_end|>",
+    },
+    token_types="mm_token_type_ids",
+    patch_embedding="model.visual.patch_embed.proj.weight",
+)
 FAMILIES = {
-    "qwen2_5_vl": Family(
-        image="<|vision_start|><|image_pad|><|vision_end|>",
-        tokens={
-            "image_token_id": "<|image_pad|>",
-            "video_token_id": "<|video_pad|>",
-            "vision_start_token_id": "<|vision_start|>",
-            "vision_end_token_id": "<|vision_end|>",
-        },
-        token_types="mm_token_type_ids",
-        patch_embedding="model.visual.patch_embed.proj.weight",
-    ),
-    "qwen2_vl": Family(
-        image="<|vision_start|><|image_pad|><|vision_end|>",
-        tokens={
-            "image_token_id": "<|image_pad|>",
-            "video_token_id": "<|video_pad|>",
-            "vision_start_token_id": "<|vision_start|>",
-            "vision_end_token_id": "<|vision_end|>",
-        },
-        token_types="mm_token_type_ids",
-        patch_embedding="model.visual.patch_embed.proj.weight",
-    ),
+    "qwen2_vl": QWEN_VL,
+    "qwen2_5_vl": QWEN_VL,
     "gemma3": Family(
         image="<start_of_image>",
         tokens={

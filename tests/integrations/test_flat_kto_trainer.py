@@ -4,8 +4,6 @@ within 1e-5, for KTO with its KL term, APO-zero (unpaired), a precomputed refere
 LoRA, with a `max_length` that cuts most sequences. Unpaired rows from HH-RLHF pairs, Qwen2.5's tokenizer, a tiny
 Qwen2; the reference model differs from the policy, so the KL term and the rewards are not zero."""
 
-import gzip
-import json
 import tempfile
 
 import pytest
@@ -42,21 +40,13 @@ def qwen(tokenizer_dir):
 
 
 @pytest.fixture(scope="module")
-def rows(shared_data):
+def rows(hh_rlhf_prompt_pairs):
     """Unpaired rows from the first HH-RLHF pairs, split at their last assistant turn: prompt, one reply, label."""
-    found = []
-    with gzip.open(shared_data / "datasets" / "hh_rlhf_harmless_base_test.jsonl.gz", "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            head, _, chosen = row["chosen"].rpartition("\n\nAssistant:")
-            rejected = row["rejected"].rpartition("\n\nAssistant:")[2]
-            if head == row["rejected"].rpartition("\n\nAssistant:")[0] and chosen.strip() and rejected.strip():
-                label = LABELS[len(found)]
-                prompt = head[-150:] + "\n\nAssistant:"
-                found.append({"prompt": prompt, "completion": chosen if label else rejected, "label": label})
-            if len(found) == len(LABELS):
-                return Dataset.from_list(found)
-    raise AssertionError(f"fewer than {len(LABELS)} usable pairs")
+    found = [
+        {"prompt": head[-150:] + "\n\nAssistant:", "completion": chosen if label else rejected, "label": label}
+        for (head, chosen, rejected), label in zip(hh_rlhf_prompt_pairs(len(LABELS)), LABELS, strict=True)
+    ]
+    return Dataset.from_list(found)
 
 
 ONE_SGD_STEP = {
