@@ -20,6 +20,7 @@ cores, so step times do not show the speed-up GPUs get; the all-to-all volume an
     python benchmarks/sp_overhead.py --out benchmarks/results/sp_overhead  # also JSON and markdown
 """
 
+import gc
 import os
 import socket
 import statistics
@@ -139,6 +140,10 @@ def _rank(rank: int, config: Config, port: int) -> dict:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=config.sp)
     figures = measure_rank(config, rank)
     dist.barrier()
+    # The prepared model holds the group in reference cycles; left to the interpreter's exit, the group's gloo threads
+    # are ended inside a destructor ("terminate called without an active exception", SIGABRT now and then on a busy
+    # machine; see examples/accelerate/fsdp2_train.py `end_training`). Collected now, destroying the group joins them.
+    gc.collect()
     dist.destroy_process_group()
     return figures
 
