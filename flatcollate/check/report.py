@@ -67,19 +67,35 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.2e}"
 
 
+def on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as float64 on the CPU: every comparison of a check runs there, so a candidate on a GPU (in any dtype)
+    meets the fp32 CPU reference without mixing devices, and the difference itself adds no rounding."""
+    return tensor.detach().to("cpu", torch.float64)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference of two tensors of one shape, wherever each lives.
+
+    >>> max_diff(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5], dtype=torch.bfloat16))
+    0.5
+    """
+    return (on_host(a) - on_host(b)).abs().max().item()
+
+
 def max_grad_diff(a: dict, b: dict) -> float:
     """Largest absolute difference between two `{name: gradient}` dicts; a gradient one side lacks counts as zero."""
     names = a.keys() | b.keys()
     zero = torch.zeros(())
-    return max((a.get(n, zero) - b.get(n, zero)).abs().max().item() for n in names) if names else 0.0
+    return max(max_diff(a.get(n, zero), b.get(n, zero)) for n in names) if names else 0.0
 
 
 def compared(backend: str, run: tuple, reference: tuple, tolerances: dict[str, float]) -> BackendResult:
-    """A backend's `(logits, loss, grads)` against the reference's: exact when every gap is within its tolerance."""
+    """A backend's `(logits, loss, grads)` against the reference's: exact when every gap is within its tolerance.
+    The run may live on another device and dtype than the reference (`on_host`)."""
     (logits, loss, grads), (ref_logits, ref_loss, ref_grads) = run, reference
     diffs = {
-        "logits_diff": (logits - ref_logits).abs().max().item(),
-        "loss_diff": (loss - ref_loss).abs().item(),
+        "logits_diff": max_diff(logits, ref_logits),
+        "loss_diff": max_diff(loss, ref_loss),
         "grad_diff": max_grad_diff(grads, ref_grads),
     }
     exact = all(value <= tolerances[name] for name, value in diffs.items())

@@ -19,7 +19,7 @@ from ..modeling import SEGMENTED_MIXERS
 from ..modeling.family_positions import position_start
 from ..models import tiny_causal_lm, tiny_config
 from .lengths import plan_check
-from .report import CheckReport, max_grad_diff
+from .report import CheckReport, max_diff, max_grad_diff
 from .runs import compare_backends, gradients, token_losses
 
 DEFAULT_BACKENDS = ("sdpa", "eager", ATTN_IMPLEMENTATION)
@@ -139,7 +139,7 @@ def _tolerances(base, batch, tolerance, device, dtype, reference) -> dict[str, f
     eps = torch.finfo(dtype).eps
     largest_grad = max((g.abs().max().item() for g in ref_grads.values()), default=0.0)
     return {
-        "logits_diff": max(2 * (logits.cpu() - ref_logits).abs().max().item(), eps * ref_logits.abs().max().item()),
-        "loss_diff": max(2 * (loss.cpu() - ref_loss).abs().item(), eps * ref_loss.abs().item()),
+        "logits_diff": max(2 * max_diff(logits, ref_logits), eps * ref_logits.abs().max().item()),
+        "loss_diff": max(2 * max_diff(loss, ref_loss), eps * ref_loss.abs().item()),
         "grad_diff": max(2 * max_grad_diff(grads, ref_grads), eps * largest_grad),
     }

@@ -20,6 +20,7 @@ from .._conventions import IGNORE_INDEX
 from ..preference.logprobs import sequence_logprobs
 from ..vision.controls import images_reversed
 from ..vision.layouts import VisionLayout
+from .report import max_diff
 
 IMAGE_TEXT_TASKS = ("sft", "dpo")
 """The tasks an image-text-to-text family is checked on."""
@@ -50,7 +51,7 @@ def logprob_shift(model: torch.nn.Module, batch: Mapping, layout: VisionLayout, 
     """
     with torch.no_grad():
         moved = torch.cat(sequence_logprobs(model, images_reversed(batch, layout), per_token=True))
-    return (moved.float() - per_token.float()).abs().max().item()
+    return max_diff(moved, per_token)
 
 
 def image_text_task_refusal(model_type: str, task: str) -> str | None:
