@@ -1,13 +1,9 @@
 """The `flatcollate` attention backend: packed attention selected by `attn_implementation="flatcollate"`.
 
 It reads the boundaries a flattening collator emits (`cu_seq_lens_q/k`, `max_length_q/k`), or derives them once from
-`position_ids`, and runs the best kernel available, chosen per call from capabilities detected at import:
-
-    kernel          needs                                          trains
-    flash_attn      flash-attn installed, CUDA, fp16/bf16, D <= 256  yes
-    torch_varlen    torch varlen_attn, CUDA, fp16/bf16, no softcap   yes (no dropout)
-    flex            flex_attention, CUDA, no dropout                 yes (CPU: forward only)
-    sdpa            anything (the only one with attention sinks)     yes
+`position_ids`, and runs the fastest kernel that is installed and computes the layer, chosen per call
+(`flatcollate.attention.selection`: flash-attn 4, 3, 2, a Hub kernel transformers loaded, PyTorch's `varlen_attn`,
+`flex_attention`, SDPA, by device, dtype, head size, window, soft-cap, sinks and dropout).
 
 For flattened (and ordinary unpadded) rows its mask function builds no mask: boundaries travel as `cu_seq_lens`,
 never as a dense `T x T` tensor. Rows that are not flattened (padded batches, cached decoding in `generate()`) take
@@ -21,40 +17,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from . import capabilities
 from .bidirectional_blocks import BLOCKS_KEY, block_kernel
 from .compiled_sdpa import compiled_sdpa_kernel
-from .kernels import KERNELS
 from .packed_segments import segments_from_kwargs, split_into_chunks, with_row_boundaries
+from .selection import KERNELS, select_kernel
 
 ATTN_IMPLEMENTATION = "flatcollate"
 """Name to pass as `attn_implementation=` (or to `model.set_attn_implementation`)."""
-
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def select_kernel(query: torch.Tensor, *, softcap: float | None, dropout: float, sinks: bool = False) -> str:
-    """Name of the kernel `auto` runs for these inputs (see the table in this module's docstring).
-
-    Args:
-        query (`torch.Tensor` of shape `(T, Hq, D)`): the query in varlen layout; its device, dtype and head size
-            decide.
-        softcap (`float`, *optional*): attention logit soft-capping.
-        dropout (`float`): attention dropout probability.
-        sinks (`bool`): the layer has attention sinks (only the `sdpa` kernel computes them).
-    """
-    if sinks:
-        return "sdpa"
-    on_cuda = capabilities.HAS_CUDA and capabilities.is_cuda_tensor(query)
-    if on_cuda and query.dtype in _HALF:
-        if capabilities.HAS_FLASH_ATTN and query.shape[-1] <= 256:
-            return "flash_attn"
-        if capabilities.HAS_TORCH_VARLEN and softcap is None and not dropout:
-            return "torch_varlen"
-    if on_cuda and capabilities.HAS_FLEX_ATTENTION and not dropout:
-        return "flex"
-    return "sdpa"
-
 
 def packed_attention_forward(
     module: torch.nn.Module,
@@ -79,7 +48,8 @@ def packed_attention_forward(
             which flattened rows do not have.
         scaling (`float`, *optional*): softmax scale, `D ** -0.5` by default.
         dropout (`float`): attention dropout probability.
-        backend (`str`): `"auto"` or one of `flash_attn`, `torch_varlen`, `flex`, `sdpa`.
+        backend (`str`): `"auto"` or one of `flatcollate.attention.selection.KERNELS` (`flash_attn_4`,
+            `flash_attn_3`, `flash_attn_2`, `hub`, `torch_varlen`, `flex`, `sdpa`).
         kwargs: `cu_seq_lens_q/k` (`(N + 1,)` int32), `max_length_q/k` (`int`) or `position_ids` (`(B, T)` int64),
             `sliding_window` (`int`), `softcap` (`float`), `s_aux` (`(Hq,)` attention sinks).
 
@@ -102,7 +72,10 @@ def packed_attention_forward(
         segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
         out = block_kernel(q, k, v, segments, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
         return out.reshape(batch, length, heads, value.shape[-1]), None
-    name = select_kernel(q, softcap=softcap, dropout=dropout, sinks=sinks is not None) if backend == "auto" else backend
+    if backend == "auto":
+        name = select_kernel(q, softcap=softcap, dropout=dropout, sinks=sinks is not None, window=window, scale=scale)
+    else:
+        name = backend
     if name not in KERNELS:
         raise ValueError(f"Unknown packed attention backend {name!r}; choose `auto` or one of {sorted(KERNELS)}.")
     if name == "sdpa" and torch.compiler.is_compiling():  # one opaque node: no graph break, no plan baked in

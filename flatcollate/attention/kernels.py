@@ -1,4 +1,5 @@
-"""Packed-attention kernels on the varlen layout: all sequences of a batch back to back.
+"""Packed-attention kernels of PyTorch on the varlen layout: all sequences of a batch back to back (`flex`, `sdpa`;
+the varlen libraries are in `flatcollate.attention.varlen_kernels`).
 
 Every kernel takes `query` of shape `(T, Hq, D)` and `key`/`value` of shape `(T, Hkv, D)` (`Hq` a multiple of `Hkv`:
 GQA/MQA), the row's `PackedSegments`, and returns `(T, Hq, D)`. Attention is causal inside each sequence, never
@@ -13,53 +14,6 @@ import torch.nn.functional as F
 from . import capabilities
 from .length_batches import FromSlots, ToSlots, group_plan
 from .packed_segments import PackedSegments, host_boundaries
-
-
-def keys_before(window: int) -> int:
-    """The kernels' `window_size[0]` for transformers' `sliding_window`: keys kept before the query, itself excluded.
-
-    >>> keys_before(4)  # a window of 4 keeps the query and the 3 keys before it: window_size=(3, 0)
-    3
-    """
-    return window - 1
-
-
-def flash_attn_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
-    """flash-attn's `flash_attn_varlen_func` (CUDA, fp16/bf16), called by keyword: positional orders differ."""
-    _refuse_sinks("flash_attn", sinks)
-    return capabilities.flash_attn_varlen_func(
-        q=query,
-        k=key,
-        v=value,
-        cu_seqlens_q=segments.cu_seqlens,
-        cu_seqlens_k=segments.cu_seqlens,
-        max_seqlen_q=segments.max_length,
-        max_seqlen_k=segments.max_length,
-        dropout_p=dropout,
-        softmax_scale=scale,
-        causal=True,
-        window_size=(-1, -1) if window is None else (keys_before(window), 0),
-        softcap=0.0 if softcap is None else softcap,
-    )
-
-
-def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
-    """PyTorch's `varlen_attn` (CUDA, fp16/bf16); no soft-capping and no dropout."""
-    _refuse_sinks("torch_varlen", sinks)
-    if softcap is not None or dropout:
-        raise ValueError("`varlen_attn` supports neither `softcap` nor dropout; use the flex or sdpa packed backend.")
-    return capabilities.varlen_attn(
-        query,
-        key,
-        value,
-        segments.cu_seqlens,
-        segments.cu_seqlens,
-        segments.max_length,
-        segments.max_length,
-        scale=scale,
-        window_size=(-1, 0) if window is None else (keys_before(window), 0),
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
 
 
 def _refuse_sinks(kernel: str, sinks) -> None:
@@ -112,6 +66,16 @@ def _flex_attention(device_type: str):
     return _COMPILED_FLEX["cuda"]
 
 
+def flex_kernel_options(device_type: str) -> dict | None:
+    """`kernel_options` of the flex call: FA4's CuTe kernels (`BACKEND="FLASH"`) on CUDA where torch offers them and
+    flash-attn-4 imports (`capabilities.HAS_FLEX_FLASH`), else torch's default (Triton).
+
+    >>> flex_kernel_options("cpu") is None
+    True
+    """
+    return {"BACKEND": "FLASH"} if device_type == "cuda" and capabilities.HAS_FLEX_FLASH else None
+
+
 def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """`flex_attention` with a document block mask (trains on CUDA; on CPU only without grad)."""
     _refuse_sinks("flex", sinks)
@@ -132,6 +96,7 @@ def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
         block_mask=block_mask,
         scale=scale,
         enable_gqa=query.shape[1] != key.shape[1],
+        kernel_options=flex_kernel_options(query.device.type),
     )
     return out.squeeze(0).transpose(0, 1)
 
@@ -207,11 +172,3 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
     out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
     return out if plan.in_place else FromSlots.apply(out, plan)
 
-
-KERNELS = {
-    "flash_attn": flash_attn_kernel,
-    "torch_varlen": torch_varlen_kernel,
-    "flex": flex_kernel,
-    "sdpa": sdpa_kernel,
-}
-"""Packed kernels by name, in the order `auto` prefers them."""

@@ -35,17 +35,46 @@ class Recorder:
         return torch.zeros_like(query)
 
 
+class Recorder4(Recorder):
+    """FA4 returns `(out, lse)`."""
+
+    def __call__(self, *args, **kwargs):
+        return super().__call__(*args, **kwargs), None
+
+
+ATTRIBUTES = {
+    "flash_attn_2": "flash_attn_varlen_func",
+    "flash_attn_3": "flash_attn_3_varlen_func",
+    "flash_attn_4": "flash_attn_4_varlen_func",
+    "torch_varlen": "varlen_attn",
+}
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """Pretend the tensors are on CUDA and every kernel is installed, each replaced by a recorder."""
+    """Pretend the tensors are on a Hopper GPU and every kernel except a Hub one is installed, each a recorder. The
+    torch varlen recorder has the signature of torch 2.13's `varlen_attn` (the parameters are read from it)."""
     monkeypatch.setattr(capabilities, "HAS_CUDA", True)
+    monkeypatch.setattr(capabilities, "HAS_FLEX_ATTENTION", True)
     monkeypatch.setattr(capabilities, "is_cuda_tensor", lambda tensor: True)
-    fakes = {"flash_attn": Recorder(), "torch_varlen": Recorder()}
-    monkeypatch.setattr(capabilities, "HAS_FLASH_ATTN", True)
-    monkeypatch.setattr(capabilities, "flash_attn_varlen_func", fakes["flash_attn"])
-    monkeypatch.setattr(capabilities, "HAS_TORCH_VARLEN", True)
-    monkeypatch.setattr(capabilities, "varlen_attn", fakes["torch_varlen"])
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (9, 0))
+    monkeypatch.setattr(capabilities, "transformers_varlen", lambda: None)
+    fakes = {name: Recorder4() if name == "flash_attn_4" else Recorder() for name in ATTRIBUTES}
+    for name, attribute in ATTRIBUTES.items():
+        monkeypatch.setattr(capabilities, attribute, fakes[name])
+    torch_213 = frozenset({"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "scale", "window_size"})
+    real_parameters = capabilities.parameters
+    monkeypatch.setattr(
+        capabilities,
+        "parameters",
+        lambda f: torch_213 | {"enable_gqa"} if f is fakes["torch_varlen"] else real_parameters(f),
+    )
     return fakes
+
+
+def without(monkeypatch, *names: str) -> None:
+    for name in names:
+        monkeypatch.setattr(capabilities, ATTRIBUTES[name], None)
 
 
 def test_cpu_tensors_always_take_the_sdpa_kernel():
@@ -54,13 +83,14 @@ def test_cpu_tensors_always_take_the_sdpa_kernel():
     assert select_kernel(q.float(), softcap=30.0, dropout=0.1) == "sdpa"
 
 
-def test_flash_attn_preferred_and_called_by_keyword(fake_cuda):
+def test_flash_attn_2_called_by_keyword(fake_cuda, monkeypatch):
+    without(monkeypatch, "flash_attn_3", "flash_attn_4")
     q, k, v, kwargs = layer_inputs()
     out, _ = packed_attention_forward(
         torch.nn.Module(), q, k, v, None, scaling=0.2, dropout=0.1, sliding_window=4, softcap=20.0, **kwargs
     )
     assert out.shape == (1, sum(LENGTHS), 4, 16)
-    (args, called), *rest = fake_cuda["flash_attn"].calls
+    (args, called), *rest = fake_cuda["flash_attn_2"].calls
     assert args == () and rest == []
     assert called["cu_seqlens_q"] is kwargs["cu_seq_lens_q"] and called["cu_seqlens_k"] is kwargs["cu_seq_lens_q"]
     assert called["max_seqlen_q"] == called["max_seqlen_k"] == 9 and isinstance(called["max_seqlen_q"], int)
@@ -71,7 +101,7 @@ def test_flash_attn_preferred_and_called_by_keyword(fake_cuda):
 
 
 def test_torch_varlen_without_flash_attn(fake_cuda, monkeypatch):
-    monkeypatch.setattr(capabilities, "HAS_FLASH_ATTN", False)
+    without(monkeypatch, "flash_attn_2", "flash_attn_3", "flash_attn_4")
     q, k, v, kwargs = layer_inputs()
     packed_attention_forward(torch.nn.Module(), q, k, v, None, **kwargs)
     (args, called), *rest = fake_cuda["torch_varlen"].calls
@@ -80,32 +110,66 @@ def test_torch_varlen_without_flash_attn(fake_cuda, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("flags", "options", "expected"),
+    ("absent", "options", "expected"),
     [
-        ({}, {"softcap": None, "dropout": 0.0}, "flash_attn"),
-        ({"HAS_FLASH_ATTN": False}, {"softcap": None, "dropout": 0.0}, "torch_varlen"),
-        ({"HAS_FLASH_ATTN": False}, {"softcap": 30.0, "dropout": 0.0}, "flex"),
-        ({"HAS_FLASH_ATTN": False}, {"softcap": None, "dropout": 0.1}, "sdpa"),
-        ({"HAS_FLASH_ATTN": False, "HAS_TORCH_VARLEN": False}, {"softcap": None, "dropout": 0.0}, "flex"),
-        (
-            {"HAS_FLASH_ATTN": False, "HAS_TORCH_VARLEN": False, "HAS_FLEX_ATTENTION": False},
-            {"softcap": None, "dropout": 0.0},
-            "sdpa",
-        ),
+        ((), {}, "flash_attn_3"),
+        ((), {"dropout": 0.1}, "flash_attn_2"),  # FA3 and FA4 have no dropout
+        ((), {"sinks": True}, "flash_attn_4"),  # the one flash kernel with sinks
+        (("flash_attn_3",), {}, "flash_attn_4"),
+        (("flash_attn_3", "flash_attn_4"), {}, "flash_attn_2"),
+        (("flash_attn_2", "flash_attn_3", "flash_attn_4"), {}, "torch_varlen"),
+        (("flash_attn_2", "flash_attn_3", "flash_attn_4"), {"softcap": 30.0}, "flex"),
+        (("flash_attn_2", "flash_attn_3", "flash_attn_4"), {"dropout": 0.1}, "sdpa"),
+        (("flash_attn_2", "flash_attn_3", "flash_attn_4"), {"sinks": True}, "sdpa"),
+        (("flash_attn_2", "flash_attn_3", "flash_attn_4", "torch_varlen"), {}, "flex"),
     ],
 )
-def test_dispatch_order(fake_cuda, monkeypatch, flags, options, expected):
-    for name, value in flags.items():
-        monkeypatch.setattr(capabilities, name, value)
+def test_dispatch_order_on_hopper(fake_cuda, monkeypatch, absent, options, expected):
+    without(monkeypatch, *absent)
+    options = {"softcap": None, "dropout": 0.0} | options
     assert select_kernel(torch.zeros(4, 2, 8, dtype=torch.float16), **options) == expected
 
 
-def test_fp32_on_cuda_skips_half_only_kernels(fake_cuda):
+@pytest.mark.parametrize(("major", "expected"), [(10, "flash_attn_4"), (9, "flash_attn_3"), (8, "flash_attn_3")])
+def test_dispatch_order_by_device(fake_cuda, monkeypatch, major, expected):
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (major, 0))
+    assert select_kernel(torch.zeros(4, 2, 128, dtype=torch.bfloat16), softcap=None, dropout=0.0) == expected
+
+
+def test_fa4_is_skipped_where_it_cannot_train_or_take_the_head_dim(fake_cuda, monkeypatch):
+    without(monkeypatch, "flash_attn_3")
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (8, 6))  # FA4 has no sm 8 backward
+    assert select_kernel(torch.zeros(4, 2, 64, dtype=torch.bfloat16), softcap=None, dropout=0.0) == "flash_attn_2"
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (10, 0))
+    assert select_kernel(torch.zeros(4, 2, 192, dtype=torch.bfloat16), softcap=None, dropout=0.0) == "flash_attn_2"
+    assert select_kernel(torch.zeros(4, 2, 256, dtype=torch.bfloat16), softcap=None, dropout=0.0) == "flash_attn_4"
+
+
+def test_older_gpus_take_flex_and_fp32_skips_half_only_kernels(fake_cuda, monkeypatch):
     assert select_kernel(torch.zeros(4, 2, 8), softcap=None, dropout=0.0) == "flex"
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (7, 5))
+    assert select_kernel(torch.zeros(4, 2, 8, dtype=torch.float16), softcap=None, dropout=0.0) == "flex"
 
 
-def test_head_dim_over_256_skips_flash_attn(fake_cuda):
-    assert select_kernel(torch.zeros(4, 2, 512, dtype=torch.float16), softcap=None, dropout=0.0) == "torch_varlen"
+def test_head_dim_over_256_skips_the_varlen_libraries(fake_cuda):
+    assert select_kernel(torch.zeros(4, 2, 512, dtype=torch.float16), softcap=None, dropout=0.0) == "flex"
+
+
+@pytest.mark.parametrize(
+    ("accepted", "options", "expected"),
+    [
+        (set(), {"window": 4}, "flex"),  # torch 2.10: no window_size
+        (set(), {"scale": 0.2}, "flex"),  # torch 2.10: the scale is fixed at D ** -0.5
+        (set(), {"scale": 8**-0.5}, "torch_varlen"),
+        ({"window_size", "scale"}, {"window": 4, "scale": 0.2}, "torch_varlen"),  # torch 2.11
+    ],
+)
+def test_torch_varlen_is_used_as_far_as_its_signature_goes(fake_cuda, monkeypatch, accepted, options, expected):
+    without(monkeypatch, "flash_attn_2", "flash_attn_3", "flash_attn_4")
+    base = {"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"}
+    monkeypatch.setattr(capabilities, "parameters", lambda f: frozenset(base | accepted))
+    options = {"softcap": None, "dropout": 0.0} | options
+    assert select_kernel(torch.zeros(4, 2, 8, dtype=torch.float16), **options) == expected
 
 
 def test_unknown_backend_raises():

@@ -1,0 +1,144 @@
+"""Packed kernels that call a varlen attention library: flash-attn 2, 3 and 4, the Hub kernel transformers loaded,
+and PyTorch's `varlen_attn`.
+
+Each takes what every packed kernel takes (`flatcollate.attention.kernels`): `query` `(T, Hq, D)`, `key`/`value`
+`(T, Hkv, D)`, the row's `PackedSegments`, and returns `(T, Hq, D)`, causal inside each sequence. The libraries are
+called by keyword (their positional orders differ: FA3's 8th argument is `seqused_q`, FA4's 4th is `qv`), with
+`cu_seqlens` int32 and `max_seqlen` a Python int (a tensor costs FA4 a host sync per call). A kernel that cannot
+compute a layer (dropout, soft-capping, sinks, a window its version lacks) raises `ValueError` naming the one that
+can; `auto` never picks it for such a layer (`flatcollate.attention.selection`).
+
+Windows: transformers' `sliding_window=w` keeps the query and the `w - 1` keys before it. FA2, FA3 and PyTorch spell
+it `window_size=(w - 1, 0)` and "no window" `(-1, -1)`; FA4 spells "no window" `None` and reads `-1` literally.
+"""
+
+import math
+
+from . import capabilities
+from .packed_segments import PackedSegments
+
+
+def keys_before(window: int) -> int:
+    """The kernels' `window_size[0]` for transformers' `sliding_window`: keys kept before the query, itself excluded.
+
+    >>> keys_before(4)  # a window of 4 keeps the query and the 3 keys before it: window_size=(3, 0)
+    3
+    """
+    return window - 1
+
+
+def flash_window(window: int | None) -> tuple[int, int]:
+    """`window_size` of FA2, FA3 and PyTorch's `varlen_attn` (with `causal=True` the right side is 0 anyway).
+
+    >>> flash_window(None), flash_window(4)
+    ((-1, -1), (3, 0))
+    """
+    return (-1, -1) if window is None else (keys_before(window), 0)
+
+
+def refuse(kernel: str, *, dropout: float = 0.0, softcap: float | None = None, sinks=None, needs: str = "") -> None:
+    """Raise `ValueError` for what `kernel` cannot compute; `needs` lists what it lacks (`"dropout softcap sinks"`)."""
+    lacking = {"dropout": bool(dropout), "softcap": softcap is not None, "sinks": sinks is not None}
+    asked = [name for name in needs.split() if lacking[name]]
+    if asked:
+        raise ValueError(
+            f"The `{kernel}` packed kernel has no {' or '.join(asked)}; leave `backend='auto'` (it picks a kernel that "
+            "computes the layer) or force `backend='sdpa'`, which computes everything."
+        )
+
+
+def _varlen_call(query, key, value, segments: PackedSegments, scale: float) -> dict:
+    """The keyword arguments FA2, FA3, FA4 and Hub kernels share."""
+    return {
+        "q": query,
+        "k": key,
+        "v": value,
+        "cu_seqlens_q": segments.cu_seqlens,
+        "cu_seqlens_k": segments.cu_seqlens,
+        "max_seqlen_q": segments.max_length,
+        "max_seqlen_k": segments.max_length,
+        "softmax_scale": scale,
+        "causal": True,
+    }
+
+
+def flash_attn_2_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+    """flash-attn 2's `flash_attn_varlen_func` (CUDA, fp16/bf16, D <= 256): dropout and soft-capping, no sinks."""
+    refuse("flash_attn_2", sinks=sinks, needs="sinks")
+    return capabilities.flash_attn_varlen_func(
+        **_varlen_call(query, key, value, segments, scale),
+        dropout_p=dropout,
+        window_size=flash_window(window),
+        softcap=0.0 if softcap is None else softcap,
+    )
+
+
+def flash_attn_3_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+    """flash-attn 3's `flash_attn_interface.flash_attn_varlen_func` (Hopper first; fp16/bf16, D <= 256, a multiple of
+    8): soft-capping, no dropout, no sinks."""
+    refuse("flash_attn_3", dropout=dropout, sinks=sinks, needs="dropout sinks")
+    return capabilities.flash_attn_3_varlen_func(
+        **_varlen_call(query, key, value, segments, scale),
+        window_size=flash_window(window),
+        softcap=0.0 if softcap is None else softcap,
+    )
+
+
+def flash_attn_4_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+    """flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` (Hopper and Blackwell, fp16/bf16): soft-capping and
+    attention sinks (`learnable_sink`), no dropout. It returns `(out, lse)`; the output is kept."""
+    refuse("flash_attn_4", dropout=dropout, needs="dropout")
+    out, _ = capabilities.flash_attn_4_varlen_func(
+        **_varlen_call(query, key, value, segments, scale),
+        window_size=(None, 0) if window is None else (keys_before(window), 0),
+        learnable_sink=sinks,
+        softcap=0.0 if softcap is None else softcap,
+    )
+    return out
+
+
+def hub_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+    """The varlen function transformers loaded from the Hub (`capabilities.transformers_varlen`), called with the
+    arguments its signature has: `dropout_p` (FA2 builds), `learnable_sink` (FA4 builds) or `s_aux` (vLLM's FA3) for
+    sinks. Windows are passed as `(w - 1, 0)`, which every build reads alike under `causal=True`."""
+    resolved = capabilities.transformers_varlen()
+    if resolved is None:
+        raise ValueError("transformers has loaded no Hub attention kernel; use `backend='auto'`.")
+    name, function = resolved
+    accepted = capabilities.parameters(function)
+    call = {**_varlen_call(query, key, value, segments, scale), "window_size": flash_window(window)}
+    refuse(name, dropout=dropout if "dropout_p" not in accepted else 0.0, needs="dropout")
+    refuse(name, softcap=softcap if "softcap" not in accepted else None, needs="softcap")
+    sink_name = next((n for n in ("learnable_sink", "s_aux") if n in accepted), None)
+    refuse(name, sinks=sinks if sink_name is None else None, needs="sinks")
+    if dropout:
+        call["dropout_p"] = dropout
+    if softcap is not None:
+        call["softcap"] = softcap
+    if sinks is not None:
+        call[sink_name] = sinks
+    out = function(**call)
+    return out[0] if isinstance(out, tuple) else out  # FA4 and vLLM builds return (out, lse)
+
+
+def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+    """PyTorch's `varlen_attn` (CUDA, fp16/bf16), called as the installed version expects: 2.10 `is_causal=True`
+    with the default scale and no windows; 2.11 `scale`, `window_size`; 2.12+ also `enable_gqa`. No soft-capping,
+    dropout or sinks in any version."""
+    refuse("torch_varlen", dropout=dropout, softcap=softcap, sinks=sinks, needs="dropout softcap sinks")
+    accepted = capabilities.parameters(capabilities.varlen_attn)
+    options = {}
+    if "window_size" in accepted:
+        options["window_size"] = (-1, 0) if window is None else (keys_before(window), 0)
+    elif window is not None:
+        raise ValueError("This torch's `varlen_attn` has no `window_size` (torch >= 2.11); use `backend='auto'`.")
+    else:
+        options["is_causal"] = True
+    if "scale" in accepted:
+        options["scale"] = scale
+    elif not math.isclose(scale, query.shape[-1] ** -0.5, rel_tol=1e-6):
+        raise ValueError(f"This torch's `varlen_attn` has no `scale` (torch >= 2.11); the layer scales by {scale}.")
+    if "enable_gqa" in accepted:
+        options["enable_gqa"] = query.shape[1] != key.shape[1]
+    cu = segments.cu_seqlens
+    return capabilities.varlen_attn(query, key, value, cu, cu, segments.max_length, segments.max_length, **options)
