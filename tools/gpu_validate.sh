@@ -57,14 +57,19 @@ step "Environment and detected capabilities" "$PYTHON" -c '
 import importlib.metadata as md, torch, transformers
 from flatcollate.attention import capabilities as c
 print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)
-for name in ("flash-attn", "flash_attn"):
+for name in ("flash-attn", "flash-attn-3", "flash-attn-4"):
     try:
-        print("flash-attn", md.version(name)); break
+        print(name, md.version(name))
     except md.PackageNotFoundError:
         pass
-print({k: getattr(c, k) for k in ("HAS_CUDA", "HAS_FLASH_ATTN", "HAS_TORCH_VARLEN", "HAS_FLEX_ATTENTION")})
+print(c.detected())
 if torch.cuda.is_available():
+    from flatcollate.attention import select_kernel
     print(torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+    q = torch.zeros(8, 4, 128, device="cuda", dtype=torch.bfloat16)
+    print("auto picks, bf16 D=128:", select_kernel(q, softcap=None, dropout=0.0),
+          "| with a window:", select_kernel(q, softcap=None, dropout=0.0, window=64),
+          "| with soft-capping:", select_kernel(q, softcap=30.0, dropout=0.0))
 '
 # -rs lists every skipped test with its reason: a real-kernel test skipped on a GPU machine is worth reading.
 step "Attention tests (real kernels vs references)" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/attention \

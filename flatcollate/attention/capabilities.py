@@ -133,3 +133,28 @@ def is_cuda_tensor(tensor: torch.Tensor) -> bool:
 def compute_capability(tensor: torch.Tensor) -> tuple[int, int]:
     """`(major, minor)` of the CUDA device of `tensor` (8 Ampere, 9 Hopper, 10 Blackwell); tests patch it."""
     return torch.cuda.get_device_capability(tensor.device)
+
+
+def detected() -> dict[str, object]:
+    """What this process can run, for reports: each varlen library (the module its function comes from, or None),
+    the Hub kernel transformers loaded, the optional parameters of `varlen_attn`, flex's FLASH backend, CUDA, and the
+    modules that failed to load.
+
+    >>> sorted(detected())
+    ['broken', 'cuda', 'flash_attn_2', 'flash_attn_3', 'flash_attn_4', 'flex_flash', 'hub', 'torch_varlen']
+    """
+    hub = transformers_varlen()
+    functions = {
+        "flash_attn_2": flash_attn_varlen_func,
+        "flash_attn_3": flash_attn_3_varlen_func,
+        "flash_attn_4": flash_attn_4_varlen_func,
+    }
+    optional = sorted(parameters(varlen_attn) & {"scale", "window_size", "enable_gqa", "is_causal"})
+    return {
+        **{name: None if f is None else getattr(f, "__module__", "?") for name, f in functions.items()},
+        "hub": None if hub is None else hub[0],
+        "torch_varlen": None if varlen_attn is None else f"varlen_attn({', '.join(optional)})",
+        "flex_flash": HAS_FLEX_FLASH,
+        "cuda": HAS_CUDA,
+        "broken": dict(BROKEN),
+    }
