@@ -3,7 +3,6 @@ exit status 2). torch and transformers are imported inside the functions, so `--
 
 import argparse
 import difflib
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -92,11 +91,13 @@ def _missing_kernel(backend: str) -> str | None:
     """Why `backend` cannot run in this environment (a package it needs is not installed), or None."""
     from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
+    from ..attention import capabilities
+
     if backend == "flash_attention_2" and not is_flash_attn_2_available():
         return "flash-attn is not installed (or there is no CUDA GPU); on CUDA: pip install 'flatcollate[flash]'."
     if backend == "flash_attention_3" and not is_flash_attn_3_available():
         return "flash-attn 3 (flash_attn_interface) is not installed, or there is no Hopper GPU."
-    if backend == "flash_attention_4" and importlib.util.find_spec("flash_attn") is None:
+    if backend == "flash_attention_4" and capabilities.flash_attn_4_varlen_func is None:
         return "flash-attn 4 (pip install flash-attn-4) is not installed, or there is no CUDA GPU."
     if backend == "flex_attention":  # the check runs on the CPU, where flex attention has no backward
         return "flex attention has no backward pass on the CPU, where the check runs; check the other backends."
