@@ -22,7 +22,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 from .._conventions import IGNORE_INDEX
 from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, unsupported_reason
 from ..models import tiny_causal_lm, tiny_config
-from ..preference.logprobs import sequence_logprobs
+from ..preference.logprobs import flattened_logprobs
 from ..preference.scores import classifier_parts, prepare_reward_model, sequence_scores
 from .lengths import plan_check
 from .report import BackendResult, CheckReport
@@ -124,7 +124,7 @@ def _examples(batch: dict) -> list[dict[str, torch.Tensor]]:
 def run_logprobs(model: PreTrainedModel, batch: dict) -> Outputs:
     """`sequence_logprobs` per token on a flattened batch (text or image-text), their sum and its gradients."""
     model.zero_grad(set_to_none=True)
-    per_token = torch.cat(sequence_logprobs(model, batch, per_token=True))
+    per_token = torch.cat(flattened_logprobs(model, batch, per_token=True))
     total = per_token.sum()
     total.backward()
     return per_token.detach(), total.detach(), gradients(model)

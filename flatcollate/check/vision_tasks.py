@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from .._conventions import IGNORE_INDEX
-from ..preference.logprobs import sequence_logprobs
+from ..preference.logprobs import flattened_logprobs
 from ..vision.controls import images_reversed
 from ..vision.layouts import VisionLayout
 from .report import max_diff
@@ -50,7 +50,7 @@ def logprob_shift(model: torch.nn.Module, batch: Mapping, layout: VisionLayout, 
             concatenated in example order.
     """
     with torch.no_grad():
-        moved = torch.cat(sequence_logprobs(model, images_reversed(batch, layout), per_token=True))
+        moved = torch.cat(flattened_logprobs(model, images_reversed(batch, layout), per_token=True))
     return max_diff(moved, per_token)
 
 

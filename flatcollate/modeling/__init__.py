@@ -4,7 +4,7 @@ Imports from flatcollate: `_conventions`, `boundaries`, `attention`.
 """
 
 from .families import KEEP_OWN_BACKEND, UNSUPPORTED_FAMILIES, takes_packed_backend, unsupported_reason
-from .guard import install_guard, is_flattened
+from .guard import install_guard, is_flattened, is_prepared
 from .mask_patch import patch_mask_builders
 from .prepare import prepare_model_for_flattening
 from .stateful_layers import SEGMENTED_MIXERS, row_bounds, segment_mixers
@@ -15,6 +15,7 @@ __all__ = [
     "UNSUPPORTED_FAMILIES",
     "install_guard",
     "is_flattened",
+    "is_prepared",
     "patch_mask_builders",
     "prepare_model_for_flattening",
     "row_bounds",

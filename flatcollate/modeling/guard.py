@@ -34,6 +34,27 @@ DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 `Trainer(remove_unused_columns=True)`, the default, keeps them for the collator; they never reach the model itself."""
 
 
+def is_prepared(model: torch.nn.Module) -> bool:
+    """Whether `model`, or the model a PEFT, DDP/FSDP (`.module`) or `torch.compile` (`._orig_mod`) wrapper holds,
+    carries the guard `prepare_model_for_flattening` installs.
+
+    >>> from flatcollate.models import tiny_causal_lm
+    >>> is_prepared(tiny_causal_lm("llama"))
+    False
+    """
+    for _ in range(8):  # wrappers nest a few levels at most (compile of DDP of PEFT)
+        if vars(model).get(GUARD_ATTRIBUTE) is not None:
+            return True
+        if callable(getattr(model, "get_base_model", None)):
+            inner = model.get_base_model()
+        else:
+            inner = vars(model).get("_modules", {}).get("module") or vars(model).get("_orig_mod")
+        if not isinstance(inner, torch.nn.Module) or inner is model:
+            return False
+        model = inner
+    return False
+
+
 def is_flattened(arguments: dict) -> bool:
     """Whether a forward's arguments describe a flattened batch.
 

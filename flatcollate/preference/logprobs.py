@@ -17,6 +17,7 @@ import torch
 
 from .._conventions import IGNORE_INDEX
 from ..boundaries import position_ids_to_cu_seqlens
+from ..modeling.guard import is_prepared
 
 NOT_MODEL_INPUTS = ("labels", "completion_mask", "seq_lengths", "ref_chosen_logps", "ref_rejected_logps")
 """Fields of a flattened batch that describe the targets, not the model's inputs."""
@@ -58,8 +59,9 @@ def sequence_logprobs(
     """Each sequence's log-probability of its labelled tokens, from one forward of a flattened batch.
 
     Args:
-        model (`torch.nn.Module`): a causal LM prepared with `flatcollate.prepare_model_for_flattening` (or one
-            whose backend keeps the row's sequences apart).
+        model (`torch.nn.Module`): a causal LM prepared with `flatcollate.prepare_model_for_flattening` (or a PEFT,
+            DDP or compiled wrapper of one); an unprepared model is refused, since transformers' own backends let the
+            row's sequences attend to each other.
         batch (`Mapping`): one flattened row as the flattening collators emit it: `input_ids` `(1, T)`, `labels`
             `(1, T)` (-100 where a token is not scored), and `cu_seq_lens_q` or restarting `position_ids`. An
             image-text row from `flatcollate.vision.VisionDataCollatorWithFlattening` works as it is: its vision
@@ -72,6 +74,19 @@ def sequence_logprobs(
         `(N,)` summed log-probabilities in example order, with gradient; with `per_token`, a list of `N` tensors of
         length `len(sequence) - 1`: entry `t` scores token `t + 1` of the sequence, 0 where its label is -100.
     """
+    if not is_prepared(model):
+        raise ValueError(
+            f"{type(model).__name__} is not prepared for flattened rows, so its sequences could attend to each other "
+            "and their log-probabilities would be wrong; call `flatcollate.prepare_model_for_flattening(model)` first."
+        )
+    return flattened_logprobs(model, batch, per_token=per_token, temperature=temperature)
+
+
+def flattened_logprobs(
+    model: torch.nn.Module, batch: Mapping, *, per_token: bool = False, temperature: float = 1.0
+) -> torch.Tensor | list[torch.Tensor]:
+    """`sequence_logprobs` without the check that `model` is prepared: what `flatcollate check --task dpo` runs to
+    measure transformers' own backends on flattened rows."""
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}.")
     if batch.get("labels") is None:

@@ -117,3 +117,30 @@ def test_bad_batches_are_refused():
         sequence_logprobs(model, {**batch, "labels": batch["labels"][:, :-1]})
     with pytest.raises(ValueError, match="cu_seq_lens_q` or `position_ids"):
         sequence_logprobs(model, {"input_ids": batch["input_ids"], "labels": batch["labels"]})
+
+
+@pytest.mark.parametrize("model_type", ["opt", "mamba2"])
+def test_an_unprepared_model_is_refused_and_would_have_been_wrong(model_type):
+    """Transformers' own backends on a flattened row: OPT's mask builder drops positions, Mamba 2 carries its state
+    across the boundary. `sequence_logprobs` refuses such a model; the same row through it gives other numbers."""
+    generator = torch.Generator().manual_seed(0)
+    features = [{"input_ids": torch.randint(3, 200, (n,), generator=generator).tolist()} for n in (9, 6)]
+    batch = DataCollatorWithFlattening()(features)
+    model = tiny_causal_lm(model_type)
+    with pytest.raises(ValueError, match=r"not prepared.*prepare_model_for_flattening"):
+        sequence_logprobs(model, batch)
+    from flatcollate.preference.logprobs import flattened_logprobs
+
+    with torch.no_grad():
+        unprepared = flattened_logprobs(model, batch)
+        prepared = sequence_logprobs(prepare_model_for_flattening(copy.deepcopy(model)), batch)
+    assert (unprepared - prepared).abs().max() > 1e-3  # what the refusal saves the user from
+
+
+def test_wrapped_prepared_models_are_accepted():
+    model = prepare_model_for_flattening(tiny_causal_lm("llama"))
+    batch = DataCollatorWithFlattening()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    wrapper = torch.nn.Module()
+    wrapper.module = model  # as DistributedDataParallel holds it
+    wrapper.forward = model.forward
+    torch.testing.assert_close(sequence_logprobs(wrapper, batch), sequence_logprobs(model, batch))
