@@ -10,6 +10,7 @@ when one of those arguments is present, on the top-level model, never per layer.
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 
 import torch
@@ -32,6 +33,30 @@ _BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)
 DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 """Per-example fields a flattening collator consumes. A prepared model declares them in its forward signature so that
 `Trainer(remove_unused_columns=True)`, the default, keeps them for the collator; they never reach the model itself."""
+
+
+def check_in_force(model: torch.nn.Module) -> None:
+    """Raise unless what `prepare_model_for_flattening` set up still holds: the attention backend it selected (a later
+    `set_attn_implementation` would un-prepare the model silently) and the mask builders it patched."""
+    in_force = vars(model).get("_flatcollate_in_force")
+    if in_force is None:
+        return
+    backend, patched = in_force
+    now = model.config.get_text_config()._attn_implementation
+    if now != backend:
+        raise ValueError(
+            f"{type(model).__name__} was prepared with attn_implementation={backend!r} but now runs {now!r} "
+            "(`set_attn_implementation` after preparing), which lets a flattened batch's sequences attend to each "
+            "other. Call `prepare_model_for_flattening(model)` again after changing the backend."
+        )
+    module = sys.modules[type(model).__module__]
+    lost = [name for name in patched if not hasattr(getattr(module, name, None), "_flatcollate_original")]
+    if lost:
+        raise ValueError(
+            f"{module.__name__}.{', '.join(lost)} is no longer the mask builder `prepare_model_for_flattening` patched "
+            "(it was replaced afterwards), so a flattened batch would get one causal mask over all its sequences. "
+            "Call `prepare_model_for_flattening(model)` again."
+        )
 
 
 def is_prepared(model: torch.nn.Module) -> bool:
@@ -193,6 +218,7 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
         changes.update(text_changes(model, arguments, text_positions, starts, derived=position_ids is not None))
         warn_masked_first_labels(model, arguments.get("labels"), starts)
     if flattened:
+        check_in_force(model)
         changes.update(_multimodal_changes(model, arguments, text_positions))
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
     if cache_by_default and not found and flattened:

@@ -9,6 +9,7 @@ from .composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
 from .mask_patch import patch_mask_builders
+from .own_config import own_config
 from .stateful_layers import segment_mixers
 
 
@@ -70,6 +71,7 @@ def prepare_model_for_flattening(
     if attn_implementation == ATTN_IMPLEMENTATION and not takes_packed_backend(model):
         attn_implementation = None  # its layers ignore the attention interface: keep its backend, patch its masks
     if attn_implementation is not None and reason is None:
+        own_config(model, *([wrapper] if wrapper is not None else []))  # a model sharing the config stays as it was
         if attn_implementation == ATTN_IMPLEMENTATION:
             register_packed_attention()
         try:  # first, so that a backend that cannot be selected leaves the model as it was
@@ -81,10 +83,11 @@ def prepare_model_for_flattening(
                 f"{ATTN_IMPLEMENTATION!r} (it uses flash-attn by itself where it is installed) or `None` to keep "
                 "the current backend."
             ) from error
-    if model.config.get_text_config()._attn_implementation != ATTN_IMPLEMENTATION:
-        patch_mask_builders(model)
+    backend = model.config.get_text_config()._attn_implementation
+    patched = patch_mask_builders(model) if backend != ATTN_IMPLEMENTATION else []
     isolate_vision_towers(model)
     install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes
+    model._flatcollate_in_force = (backend, tuple(patched))  # the guard checks both at every flattened forward
     if reason is None:
         segment_mixers(model)
     return model if wrapper is None else wrapper
