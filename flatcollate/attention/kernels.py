@@ -33,7 +33,7 @@ _COMPILED_FLEX: dict[str, object] = {}
 
 
 def _document_block_mask(segments: PackedSegments, total: int, window: int | None, device):
-    """Block mask of causal attention inside each document, built once per boundaries tensor and window.
+    """Block mask of causal attention inside each document, built once per boundaries tensor, window and device.
 
     Layers of one forward share the collator's `cu_seq_lens` object, so only the first layer (per window size)
     builds the mask; the entry holds that tensor, so a hit needs the very same object, unmodified.
@@ -41,17 +41,18 @@ def _document_block_mask(segments: PackedSegments, total: int, window: int | Non
     from torch.nn.attention.flex_attention import create_block_mask
 
     cu = segments.cu_seqlens
-    entry = _BLOCK_MASKS.get(str(window))
+    key = f"{window}@{torch.device(device)}"
+    entry = _BLOCK_MASKS.get(key)
     if entry is not None and entry[0] is cu and entry[1] == cu._version and entry[2] == total:
         return entry[3]
-    docs = _document_ids(segments, total)
+    docs = _document_ids(segments, total).to(device)
 
     def document_causal(b, h, q_idx, kv_idx):
         keep = (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
         return keep if window is None else keep & (q_idx - kv_idx < window)
 
     block_mask = create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
-    _BLOCK_MASKS[str(window)] = (cu, cu._version, total, block_mask)
+    _BLOCK_MASKS[key] = (cu, cu._version, total, block_mask)
     return block_mask
 
 

@@ -177,3 +177,14 @@ def test_kernels_without_sinks_refuse_them():
     (q, k, v), segments = make_inputs([4])
     with pytest.raises(ValueError, match="`flex` packed kernel has no attention sinks"):
         flex_kernel(q, k, v, segments, scale=0.3, window=None, softcap=None, dropout=0.0, sinks=torch.zeros(4))
+
+
+def test_the_block_mask_cache_is_keyed_by_device():
+    """One boundaries tensor, two devices (a model moved between calls): each gets a block mask on its own device."""
+    from flatcollate.attention.kernels import _document_block_mask
+
+    segments = PackedSegments(torch.tensor([0, 3, 8], dtype=torch.int32), 5)
+    on_cpu = _document_block_mask(segments, 8, None, torch.device("cpu"))
+    on_meta = _document_block_mask(segments, 8, None, torch.device("meta"))
+    assert on_cpu.kv_num_blocks.device.type == "cpu" and on_meta.kv_num_blocks.device.type == "meta"
+    assert _document_block_mask(segments, 8, None, torch.device("cpu")).kv_num_blocks.device.type == "cpu"
