@@ -35,6 +35,12 @@ DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 `Trainer(remove_unused_columns=True)`, the default, keeps them for the collator; they never reach the model itself."""
 
 
+def mark_in_force(model: torch.nn.Module, patched: tuple[str, ...] = ()) -> None:
+    """Record the attention backend now selected and the mask builders patched, for `check_in_force`; called at the
+    end of preparing (and after a deliberate switch, such as the sequence-parallel backend)."""
+    model._flatcollate_in_force = (model.config.get_text_config()._attn_implementation, tuple(patched))
+
+
 def check_in_force(model: torch.nn.Module) -> None:
     """Raise unless what `prepare_model_for_flattening` set up still holds: the attention backend it selected (a later
     `set_attn_implementation` would un-prepare the model silently) and the mask builders it patched."""

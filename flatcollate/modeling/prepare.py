@@ -7,7 +7,7 @@ from transformers import PreTrainedModel
 from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
 from .composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
-from .guard import install_guard
+from .guard import install_guard, mark_in_force
 from .mask_patch import patch_mask_builders
 from .own_config import own_config
 from .stateful_layers import segment_mixers
@@ -87,7 +87,7 @@ def prepare_model_for_flattening(
     patched = patch_mask_builders(model) if backend != ATTN_IMPLEMENTATION else []
     isolate_vision_towers(model)
     install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes
-    model._flatcollate_in_force = (backend, tuple(patched))  # the guard checks both at every flattened forward
+    mark_in_force(model, tuple(patched))  # the guard checks both at every flattened forward
     if reason is None:
         segment_mixers(model)
     return model if wrapper is None else wrapper

@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, takes_packed_backend, unsupported_reason
 from ..modeling.composite import text_config_key
+from ..modeling.guard import mark_in_force
 from .attention import (
     SequenceParallelContext,
     attach_context,
@@ -102,6 +103,7 @@ def prepare_model_for_sequence_parallel(model: PreTrainedModel, group: dist.Proc
     check_head_counts(query_heads, kv_heads, size, where=f"{type(base).__name__} ({model_type!r})")
     prepare_model_for_flattening(base)
     base.set_attn_implementation(register_sequence_parallel_attention())
+    mark_in_force(base)
     if attach_context(base, SequenceParallelContext(group=group, rank=rank, size=size)) == 0:
         raise ValueError(f"Found no attention layer (a module with `is_causal`) in {type(base).__name__}.")
     setattr(base, SHARD_ATTRIBUTE, (rank, size))
