@@ -9,6 +9,7 @@ run a command), so `--help` and `--version` answer at once.
 """
 
 import argparse
+import difflib
 import importlib
 import sys
 from typing import NoReturn
@@ -61,10 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TOP_OPTIONS = ("--help", "--version", "-h")
+
+
+def _check_top_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Name an unknown option given before the command (argparse would only say that the command is missing)."""
+    for token in argv:
+        if not token.startswith("-"):
+            return
+        if token not in _TOP_OPTIONS:
+            close = difflib.get_close_matches(token, _TOP_OPTIONS, n=1)
+            hint = "--version" if token in ("-v", "-V") else close[0] if close else None
+            parser.error(f"unrecognized option {token}" + (f"; did you mean {hint}?" if hint else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one sub-command; returns the exit status (0 success, 1 a failed check, 2 a usage error)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        _check_top_options(parser, argv)
+        args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse's own errors (exit 2), `--help` and `--version` (exit 0)
         return int(exit_.code or 0)
     try:

@@ -268,3 +268,10 @@ def test_bench_profile_that_is_a_dataset_says_what_a_profile_is(capsys, no_run, 
     code, _, err = _run(capsys, "bench", "--profile", str(rows), "--out-dir", str(tmp_path / "out"))
     _assert_usage_error(code, err, "--profile", "train.jsonl", "length profile", "save_to_disk")
     assert "array" not in err and "inhomogeneous" not in err
+
+
+@pytest.mark.parametrize("option", ["--versoin", "-v"])
+def test_an_unknown_top_level_option_is_named(capsys, option):
+    assert main([option]) == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized option {option}; did you mean --version?" in err and "required" not in err

@@ -9,12 +9,15 @@
 
 import os
 
+import datasets
+from transformers import PreTrainedTokenizerBase
+
 from .dataset import PackedDataset
 from .supervised import make_supervised_dataset
 
 
 def make_supervised_dset(
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     data_path,
     *,
     query_field: str = "query",
@@ -23,7 +26,7 @@ def make_supervised_dset(
     shuffle_seed: int | None = 42,
     tokenized_cache_home: str | os.PathLike | None = None,
     num_proc: int | None = None,
-):
+) -> datasets.Dataset:
     """Tokenize instruction data with query/response fields into `input_ids` and `labels` (prompt tokens -100).
 
     Args:

@@ -30,6 +30,9 @@ from .arrow_packing import pack_table
 from .columns import EMPTY
 from .packing import OVERLONG, STRATEGIES, PackingStats
 
+AnyDataset = datasets.Dataset | datasets.IterableDataset | datasets.DatasetDict | datasets.IterableDatasetDict
+"""The dataset types `pack_dataset` takes and returns."""
+
 
 def _formatted_like(packed: datasets.Dataset, source: datasets.Dataset, folded: tuple[str, ...]) -> datasets.Dataset:
     """`packed` in `source`'s format: its columns that were kept, `labels` where masks it showed were folded in."""
@@ -85,7 +88,7 @@ def _pack_stream(dataset: datasets.IterableDataset, pack_len: int, *, batch_size
 
 
 def pack_dataset(
-    dataset: datasets.Dataset | datasets.IterableDataset | datasets.DatasetDict | datasets.IterableDatasetDict,
+    dataset: AnyDataset,
     pack_len: int,
     *,
     strategy: str = "bfd",
@@ -94,7 +97,7 @@ def pack_dataset(
     shuffle_seed: int | None = None,
     batch_size: int = 1000,
     return_stats: bool = False,
-):
+) -> AnyDataset | tuple[AnyDataset, PackingStats]:
     """Pack tokenized rows into rows of at most `pack_len` tokens that remember where their sequences start.
 
     A `datasets.Dataset` is packed as a whole (best-fit decreasing sees every length). A `datasets.IterableDataset`

@@ -1,6 +1,8 @@
 """`build_encoder`: the encoder for a tokenizer (text rows, `flatcollate.data.encode`) or for a processor with an
 image processor (image-text rows, `flatcollate.data.vision_encode`), with every option checked once."""
 
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
 from .chat import ChatRenderer
 from .encode import FORMATS, Encoder
 from .prompt_templates import load_template
@@ -9,7 +11,7 @@ from .vision_encode import ProcessorChatRenderer, VisionEncoder
 
 
 def build_encoder(
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     *,
     format: str = "auto",
     template: str | dict = "alpaca",

@@ -19,6 +19,7 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from .encoders import build_encoder
 from .fingerprint import encoder_fingerprint
@@ -124,7 +125,7 @@ def _skip_stats(encoded: datasets.Dataset) -> tuple[EncodeStats, np.ndarray]:
 
 
 def make_supervised_dataset(
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     data,
     *,
     seed: int | None = 42,

@@ -59,7 +59,9 @@ def _group_of(group: dist.ProcessGroup | DeviceMesh) -> dist.ProcessGroup:
     return group
 
 
-def prepare_model_for_sequence_parallel(model: PreTrainedModel, group: dist.ProcessGroup | DeviceMesh):
+def prepare_model_for_sequence_parallel(
+    model: PreTrainedModel, group: dist.ProcessGroup | DeviceMesh
+) -> PreTrainedModel:
     """Make `model` train rows split over `group` exactly as one process trains the whole row.
 
     Args:

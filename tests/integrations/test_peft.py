@@ -78,11 +78,12 @@ def test_lora_model_is_guarded(order):
         model(**batch)
 
 
-def test_trainer_keeps_the_collator_columns_of_a_lora_model():
+def test_trainer_keeps_the_collator_columns_of_a_lora_model(tmp_path):
     from transformers import Trainer, TrainingArguments
 
     model = prepare_model_for_flattening(lora(tiny_causal_lm("llama")))
-    trainer = Trainer(model=model, args=TrainingArguments(output_dir="unused", report_to=[], use_cpu=True))
+    args = TrainingArguments(output_dir=str(tmp_path / "unused"), report_to=[], use_cpu=True)
+    trainer = Trainer(model=model, args=args)
     trainer._set_signature_columns_if_needed()
     assert {"seq_lengths", "completion_mask", "assistant_masks", "position_ids"} <= set(trainer._signature_columns)
 
