@@ -201,11 +201,41 @@ def no_run(monkeypatch):
         (["--set", "bogus_key=3"], "bogus_key"),
         (["--set", "hidden_size"], "KEY=VALUE"),
         (["--profile", "no-such-profile"], "no-such-profile"),
+        (["--attn", "foo"], "--attn foo: unknown backend"),
+        (["--pack-len", "10"], "--pack-len 10 is shorter than --max-length"),
+        (["--set", "num_attention_heads=3"], "num_attention_heads=3"),
+        (["--batch-size", "100000"], "needs about"),
     ],
 )
 def test_bench_usage_errors(argv, fragment, capsys, no_run, tmp_path):
     code, _, err = _run(capsys, "bench", "--out-dir", str(tmp_path / "out"), *argv)
     _assert_usage_error(code, err, fragment)
+
+
+def test_bench_flash_attention_without_flash_attn(capsys, no_run, tmp_path):
+    from flatcollate.attention import capabilities
+
+    if capabilities.flash_attn_varlen_func is not None and torch.cuda.is_available():
+        pytest.skip("flash-attn and CUDA are here")
+    code, _, err = _run(capsys, "bench", "--attn", "flash_attention_2", "--out-dir", str(tmp_path))
+    _assert_usage_error(code, err, "--attn flash_attention_2", "flash-attn")
+
+
+def test_bench_refuses_a_full_size_model_the_machine_cannot_hold(capsys, no_run, tmp_path, monkeypatch):
+    from flatcollate.bench import options
+
+    monkeypatch.setattr(options, "available_bytes", lambda device: 24 * 2**30)  # this project's 24 GiB machines
+    argv = ["--full-size", "--model", "llama", "--device", "cpu", "--out-dir", str(tmp_path)]
+    code, _, err = _run(capsys, "bench", *argv)
+    _assert_usage_error(code, err, "--full-size", "GiB", "--set num_hidden_layers")
+
+
+def test_the_default_bench_fits(capsys, tmp_path):
+    from flatcollate.bench import options
+    from flatcollate.bench.config import ThroughputConfig
+
+    estimate = options.memory_estimate(ThroughputConfig())
+    assert 0 < estimate.total < 2 * 2**30, estimate  # the embedded default must never be refused
 
 
 def test_bench_cuda_without_cuda(capsys, no_run, tmp_path):

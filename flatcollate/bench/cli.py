@@ -20,7 +20,7 @@ from ..cli import HelpFormatter, UsageError
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
 from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig, available_pair_profiles, available_profiles
-from .options import check_profile, check_writable
+from .options import check_attn, check_heads, check_memory, check_pack_len, check_profile, check_writable
 from .overrides import check_overrides, parse_overrides
 
 TEXT_ONLY = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
@@ -190,10 +190,13 @@ def run_and_report(config: ThroughputConfig, out_dir: str, *, progress: bool) ->
 def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set_keys: set[str]) -> None:
     """Raise `UsageError` for what would fail or mislead later: an unknown model or profile, a `--set` key
     (`set_keys`) the config does not have or a size that is not a positive integer, CUDA that is not there, an
-    output folder that cannot be written. Runs before any training."""
+    attention backend that is unknown or not installed, a pack shorter than `--max-length`, head counts the model
+    cannot be built with, more memory than the device has free, an output folder that cannot be written. Runs
+    before any training."""
     import torch
 
     from ..check.options import validate_model_argument
+    from .throughput import model_config, resolve_device
 
     validate_model_argument(config.model)
     check_profile(config.profile)
@@ -203,6 +206,11 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
             f"--device cuda: CUDA is not available (torch {torch.__version__}, "
             f"{'no GPU found' if torch.version.cuda else 'a CPU-only build'}); use --device cpu or auto."
         )
+    device = resolve_device(config.device).type
+    check_attn(config.flattened_attn, device)
+    check_pack_len(config.pack_len, config.max_length)
+    check_heads(model_config(config), {k: v for k, v in config.model_overrides.items() if k in set_keys})
+    check_memory(config, device)
     if out_dir is not None:
         check_writable(Path(out_dir))
 

@@ -40,11 +40,11 @@ def validate_options(args: argparse.Namespace) -> None:
             f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device; install a CUDA build of "
             "torch on a GPU machine, or check on the CPU."
         )
-    known = _known_backends()
+    known = known_backends()
     for backend in args.backends:
         if backend not in known:
             raise UsageError(f"--backends: unknown backend {backend!r}; choose from {', '.join(known)}.")
-        missing = _missing_kernel(backend)
+        missing = missing_kernel(backend)
         if missing:
             raise UsageError(f"--backends {backend}: {missing}")
     validate_model_argument(args.model)
@@ -78,7 +78,7 @@ def validate_image_text_options(args: argparse.Namespace, model_type: str) -> No
             )
 
 
-def _known_backends() -> list[str]:
+def known_backends() -> list[str]:
     from transformers import AttentionInterface
 
     from ..attention import ATTN_IMPLEMENTATION
@@ -87,7 +87,7 @@ def _known_backends() -> list[str]:
     return list(dict.fromkeys(n for n in names if "|" not in n))  # "paged|eager" serves generation only
 
 
-def _missing_kernel(backend: str) -> str | None:
+def missing_kernel(backend: str) -> str | None:
     """Why `backend` cannot run in this environment (a package it needs is not installed), or None."""
     from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
