@@ -202,6 +202,7 @@ def no_run(monkeypatch):
         (["--set", "hidden_size"], "KEY=VALUE"),
         (["--profile", "no-such-profile"], "no-such-profile"),
         (["--attn", "foo"], "--attn foo: unknown backend"),
+        (["--model", "meta-llama/Llama-3.2-1B"], "the bench runs offline"),
         (["--pack-len", "10"], "--pack-len 10 is shorter than --max-length"),
         (["--set", "num_attention_heads=3"], "num_attention_heads=3"),
         (["--batch-size", "100000"], "needs about"),

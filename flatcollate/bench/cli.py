@@ -1,6 +1,6 @@
 """`flatcollate bench`: measure padded vs flattened training on your model and data before switching.
 
-With no arguments it runs an embedded offline default on the CPU in a couple of minutes (a tiny Llama-shaped model,
+With no arguments it runs an embedded offline default on the CPU in about four minutes (a tiny Llama-shaped model,
 the "flan" length profile, batch 8, one torch thread) and prints padding efficiency, tokens/s per mode, ratios,
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
 batches, with their spread over repeats. `--vision` measures image-text training instead (see
@@ -198,7 +198,7 @@ def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set
     from ..check.options import validate_model_argument
     from .throughput import model_config, resolve_device
 
-    validate_model_argument(config.model)
+    validate_model_argument(config.model, command="bench")
     check_profile(config.profile)
     check_overrides(config, set_keys)
     if config.device == "cuda" and not torch.cuda.is_available():

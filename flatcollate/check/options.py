@@ -104,7 +104,7 @@ def missing_kernel(backend: str) -> str | None:
     return None
 
 
-def validate_model_argument(model: str) -> None:
+def validate_model_argument(model: str, *, command: str = "check") -> None:
     """Raise `UsageError` unless `model` is a registered model_type or a folder with a config.json; an unknown name
     gets the closest model_types (the mapping also holds a few class names, which are not suggested)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -120,9 +120,9 @@ def validate_model_argument(model: str) -> None:
         raise UsageError(f"{model} is a file; pass the folder that holds config.json, or a model_type such as llama.")
     if re.fullmatch(r"[\w-]+/[\w.-]+", model) and not model.startswith("."):
         raise UsageError(
-            f"{model!r} is not a local folder and looks like a Hub id; the check runs offline from a config: download "
-            f"it first (hf download {model} config.json --local-dir <folder>) and pass the folder with config.json, "
-            "or a model_type such as llama."
+            f"{model!r} is not a local folder and looks like a Hub id; the {command} runs offline from a config: "
+            f"download it first (hf download {model} config.json --local-dir <folder>) and pass the folder with "
+            "config.json, or a model_type such as llama."
         )
     if "/" in model or model.startswith((".", "~")):
         raise UsageError(f"path {model} not found; pass an existing folder with a config.json, or a model_type.")

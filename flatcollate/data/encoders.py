@@ -1,6 +1,8 @@
 """`build_encoder`: the encoder for a tokenizer (text rows, `flatcollate.data.encode`) or for a processor with an
 image processor (image-text rows, `flatcollate.data.vision_encode`), with every option checked once."""
 
+import difflib
+
 from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from .chat import ChatRenderer
@@ -68,9 +70,17 @@ def build_encoder(
     if format not in FORMATS:
         raise ValueError(f"format={format!r} is not one of {FORMATS}.")
     check_on_error(on_error)
-    unknown = set(fields) - {f for f in cls.__dataclass_fields__ if f.endswith("_field")}
+    field_options = sorted(f for f in cls.__dataclass_fields__ if f.endswith("_field"))
+    unknown = set(fields) - set(field_options)
     if unknown:
-        raise TypeError(f"unknown options {sorted(unknown)}; field options end in '_field'.")
+        options = ["format", "template", "chat_template", "chat_template_kwargs", "add_eos", "train_on_prompt"]
+        close = {name: difflib.get_close_matches(name, options + field_options, n=1) for name in sorted(unknown)}
+        close |= {name: ["template"] for name in unknown if name == "prompt_template"}  # DART-Math's name
+        hints = "".join(f" Did you mean {match[0]}= for {name}=?" for name, match in close.items() if match)
+        raise TypeError(
+            f"unknown options {sorted(unknown)}; the options are {', '.join(options)} and the field options "
+            f"{', '.join(field_options)}.{hints}"
+        )
     if not getattr(tokenizer, "is_fast", False):
         raise TypeError(
             f"{type(tokenizer).__name__} is a slow tokenizer; labels are placed by character offsets, which need a "

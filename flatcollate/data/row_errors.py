@@ -43,7 +43,7 @@ class RowError(ValueError):
     """
 
     def __init__(self, message: str, *, reason: str):
-        super().__init__(message)
+        super().__init__(f"{message} To count and skip such rows instead, pass on_error=\"skip\".")
         self.reason = reason
 
 

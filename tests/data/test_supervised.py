@@ -125,7 +125,7 @@ def test_skipped_rows_are_counted_logged_and_dropped(gpt2, gsm8k_rows, caplog):
     assert (stats.num_rows, stats.num_encoded, len(out)) == (20, 17, 17)
     assert stats.skipped == {"empty_field": 3}
     assert stats.first_skipped == {"empty_field": [3, 11, 15]}
-    assert stats.first_messages["empty_field"] == "row 3: field 'answer' is empty."
+    assert stats.first_messages["empty_field"].startswith("row 3: field 'answer' is empty.")
     assert "skipped 3 (empty_field): rows 3, 11, 15" in caplog.text
     encoder = build_encoder(gpt2, query_field="question", resp_field="answer")
     kept = [r for i, r in enumerate(rows) if i not in (3, 11, 15)]
