@@ -20,21 +20,3 @@ def lazy_exports(package: str, sources: dict[str, str], public: list[str]) -> tu
 
     return __getattr__, __dir__
 
-
-def moved_module(old: str, new: str, removed_in: str = "0.3") -> Callable:
-    """`__getattr__` for a module that moved: every name is looked up in `new`, with a `DeprecationWarning` at import.
-
-    Old import paths keep working for one release (`from flatcollate.check_lengths import plan_check`).
-    """
-    import warnings
-
-    warnings.warn(
-        f"`{old}` moved to `{new}`; import from `{new}` (the old path is removed in flatcollate {removed_in}).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-    def __getattr__(name: str):
-        return getattr(importlib.import_module(new), name)
-
-    return __getattr__

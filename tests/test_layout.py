@@ -7,8 +7,6 @@ The import graph is read from the source (every `import` statement, function-lev
 import ast
 import importlib
 import re
-import sys
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,17 +14,17 @@ import pytest
 
 ROOT = Path(__file__).parents[1] / "flatcollate"
 MAX_LINES = 300
-# Modules that are the old path of a moved one: they only forward (see `flatcollate._lazy.moved_module`).
-SHIMS = {
-    "flatcollate.check_cli": "flatcollate.check.cli",
-    "flatcollate.check_lengths": "flatcollate.check.lengths",
-    "flatcollate.vision.check": "flatcollate.check.vision",
-    "flatcollate.vision.composite": "flatcollate.modeling.composite",
-    "flatcollate.vision.positions": "flatcollate.modeling.multimodal_positions",
-    "flatcollate.vision.token_types": "flatcollate.modeling.token_types",
-    "flatcollate.vision.tiny": "flatcollate.models.vision",
-    "flatcollate.vision.tiny_recipes": "flatcollate.models.vision_recipes",
-}
+# Old paths of moved modules: gone (one name for one thing), not forwarding.
+OLD_PATHS = (
+    "flatcollate.check_cli",
+    "flatcollate.check_lengths",
+    "flatcollate.vision.check",
+    "flatcollate.vision.composite",
+    "flatcollate.vision.positions",
+    "flatcollate.vision.token_types",
+    "flatcollate.vision.tiny",
+    "flatcollate.vision.tiny_recipes",
+)
 # Image-text modules; every other module of these packages is text and may not import them.
 IMAGE_TEXT = re.compile(
     r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images)|models\.vision.*|check\.vision|bench\.vision.*)$"
@@ -174,7 +172,7 @@ def test_each_package_imports_only_what_its_docstring_declares(package):
     used = {
         package_of(target) or target.rpartition(".")[2]
         for name, targets in edges.items()
-        if package_of(name) == package and name not in SHIMS
+        if package_of(name) == package
         for target in targets
     } - {package}
     used = {"flatcollate" if name == "" else name for name in used}
@@ -188,24 +186,16 @@ def test_modules_stay_readable():
     assert long == {}, f"modules over {MAX_LINES} lines: {long}"
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(SHIMS.items()))
-def test_moved_modules_still_import_from_their_old_path(old, new):
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        shim = importlib.import_module(old)
-    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
-    moved = importlib.import_module(new)
-    public = [name for name in vars(moved) if not name.startswith("_") and not isinstance(vars(moved)[name], type(sys))]
-    assert public and all(getattr(shim, name) is getattr(moved, name) for name in public)
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_old_module_paths_are_gone(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
-def test_build_encoder_still_imports_from_its_old_module():
-    from flatcollate.data import encoders
+def test_build_encoder_has_one_home():
+    from flatcollate.data import encode
 
-    with pytest.warns(DeprecationWarning, match="flatcollate.data.encoders"):
-        from flatcollate.data.encode import build_encoder
-    assert build_encoder is encoders.build_encoder
+    assert not hasattr(encode, "build_encoder")
 
 
 def test_the_layout_test_sees_a_cycle_and_a_private_import(tmp_path):

@@ -222,10 +222,3 @@ class Encoder:
                 raise
             return SkippedRow(index, err.reason, str(err))
 
-
-def __getattr__(name: str):
-    if name == "build_encoder":  # moved to `flatcollate.data.encoders`, which builds image-text encoders too
-        from .._lazy import moved_module
-
-        return moved_module(f"{__name__}.build_encoder", "flatcollate.data.encoders")(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,6 @@ when one of those arguments is present, on the top-level model, never per layer.
 
 import functools
 import inspect
-import sys
 from collections.abc import Callable
 
 import torch
@@ -24,66 +23,14 @@ from .families import row_length_limit
 from .family_positions import position_start, text_changes
 from .heads import warn_masked_first_labels
 from .multimodal_positions import checked_multimodal_positions, rope_index_of
+from .prepared_state import GUARD_ATTRIBUTE, check_in_force
 from .token_types import require_token_types
-
-GUARD_ATTRIBUTE = "_flatcollate_guard"
 
 _BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)
 
 DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 """Per-example fields a flattening collator consumes. A prepared model declares them in its forward signature so that
 `Trainer(remove_unused_columns=True)`, the default, keeps them for the collator; they never reach the model itself."""
-
-
-def mark_in_force(model: torch.nn.Module, patched: tuple[str, ...] = ()) -> None:
-    """Record the attention backend now selected and the mask builders patched, for `check_in_force`; called at the
-    end of preparing (and after a deliberate switch, such as the sequence-parallel backend)."""
-    model._flatcollate_in_force = (model.config.get_text_config()._attn_implementation, tuple(patched))
-
-
-def check_in_force(model: torch.nn.Module) -> None:
-    """Raise unless what `prepare_model_for_flattening` set up still holds: the attention backend it selected (a later
-    `set_attn_implementation` would un-prepare the model silently) and the mask builders it patched."""
-    in_force = vars(model).get("_flatcollate_in_force")
-    if in_force is None:
-        return
-    backend, patched = in_force
-    now = model.config.get_text_config()._attn_implementation
-    if now != backend:
-        raise ValueError(
-            f"{type(model).__name__} was prepared with attn_implementation={backend!r} but now runs {now!r} "
-            "(`set_attn_implementation` after preparing), which lets a flattened batch's sequences attend to each "
-            "other. Call `prepare_model_for_flattening(model)` again after changing the backend."
-        )
-    module = sys.modules[type(model).__module__]
-    lost = [name for name in patched if not hasattr(getattr(module, name, None), "_flatcollate_original")]
-    if lost:
-        raise ValueError(
-            f"{module.__name__}.{', '.join(lost)} is no longer the mask builder `prepare_model_for_flattening` patched "
-            "(it was replaced afterwards), so a flattened batch would get one causal mask over all its sequences. "
-            "Call `prepare_model_for_flattening(model)` again."
-        )
-
-
-def is_prepared(model: torch.nn.Module) -> bool:
-    """Whether `model`, or the model a PEFT, DDP/FSDP (`.module`) or `torch.compile` (`._orig_mod`) wrapper holds,
-    carries the guard `prepare_model_for_flattening` installs.
-
-    >>> from flatcollate.models import tiny_causal_lm
-    >>> is_prepared(tiny_causal_lm("llama"))
-    False
-    """
-    for _ in range(8):  # wrappers nest a few levels at most (compile of DDP of PEFT)
-        if vars(model).get(GUARD_ATTRIBUTE) is not None:
-            return True
-        if callable(getattr(model, "get_base_model", None)):
-            inner = model.get_base_model()
-        else:
-            inner = vars(model).get("_modules", {}).get("module") or vars(model).get("_orig_mod")
-        if not isinstance(inner, torch.nn.Module) or inner is model:
-            return False
-        model = inner
-    return False
 
 
 def is_flattened(arguments: dict) -> bool:

@@ -7,9 +7,10 @@ from transformers import PreTrainedModel
 from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
 from .composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
-from .guard import install_guard, mark_in_force
+from .guard import install_guard
 from .mask_patch import patch_mask_builders
 from .own_config import own_config
+from .prepared_state import mark_in_force
 from .stateful_layers import segment_mixers
 
 

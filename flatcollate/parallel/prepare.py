@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 
 from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, takes_packed_backend, unsupported_reason
 from ..modeling.composite import text_config_key
-from ..modeling.guard import mark_in_force
+from ..modeling.prepared_state import mark_in_force
 from .attention import (
     SequenceParallelContext,
     attach_context,

@@ -17,7 +17,7 @@ import torch
 
 from .._conventions import IGNORE_INDEX
 from ..boundaries import position_ids_to_cu_seqlens
-from ..modeling.guard import is_prepared
+from ..modeling.prepared_state import is_prepared
 
 NOT_MODEL_INPUTS = ("labels", "completion_mask", "seq_lengths", "ref_chosen_logps", "ref_rejected_logps")
 """Fields of a flattened batch that describe the targets, not the model's inputs."""

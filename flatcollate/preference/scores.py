@@ -21,8 +21,8 @@ from transformers import PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
 from ..modeling import install_guard, prepare_model_for_flattening
-from ..modeling.guard import GUARD_ATTRIBUTE
 from ..modeling.heads import head_reason
+from ..modeling.prepared_state import GUARD_ATTRIBUTE
 
 HEAD = "score"
 """Attribute of transformers' decoder `*ForSequenceClassification` models that holds the classification head."""

@@ -95,6 +95,58 @@ def test_a_template_that_rewrites_history_is_refused_naming_the_message(qwen):
     assert err.value.reason == "template_rewrites_history"
 
 
+# `{G}` and `{/G}` mark where a `{% generation %}` variant of each template puts its markers: around what the model
+# writes after the generation prompt, through its end of turn.
+# Ends the last reply with `<|return|>` and earlier ones with `<|end|>`, keyed on `loop.last` alone (gpt-oss also keys
+# it on `add_generation_prompt`, so a reply rendered as a turn the conversation goes on from ends in `<|end|>` there).
+END_BY_LOOP_LAST = (
+    "{%- for m in messages %}<|start|>{{ m.role }}<|message|>{%- if m.role == 'assistant' %}{G}{{ m.content }}"
+    "{%- if loop.last %}<|return|>{%- else %}<|end|>{%- endif %}{/G}{%- else %}{{ m.content }}<|end|>{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|start|>assistant<|message|>{%- endif %}"
+)
+# DeepSeek-R1's way: the generation prompt forces `<think>\n`, which the history of past replies does not keep.
+THINK_PROMPT_NOT_KEPT = (
+    "{{ bos_token }}{%- for m in messages %}{%- if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{%- else %}<｜Assistant｜>{G}{{ m.content }}<｜end▁of▁sentence｜>{/G}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<｜Assistant｜><think>\n{%- endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template", [END_BY_LOOP_LAST, THINK_PROMPT_NOT_KEPT], ids=["end_by_loop_last", "think_prompt_not_kept"]
+)
+def test_labels_equal_the_generation_mask_of_the_marked_variant(qwen, template):
+    """Each earlier reply's own end of turn is trained (before: only `<|`, the part it shares with `<|return|>`), and a
+    reply starting with `<` is trained from its first character, the token merging it with the header's `>` included
+    (before: from where the prompt's `<think>` and the reply part, one character in)."""
+    plain = template.replace("{G}", "").replace("{/G}", "")
+    marked = template.replace("{G}", "{% generation %}").replace("{/G}", "{% endgeneration %}")
+    replies = ["<b>Paris</b>.", "Since 1793.", "<i>A palace</i>, then a museum."]
+    questions = ["Where is the Louvre?", "How old is the museum?", "One line?"]
+    messages = [m for q, r in zip(questions, replies, strict=True) for m in (
+        {"role": "user", "content": q}, {"role": "assistant", "content": r}
+    )]
+    out = build_encoder(qwen, format="messages", chat_template=plain)({"messages": messages}, index=0)
+    reference = qwen.apply_chat_template(
+        messages, chat_template=marked, return_dict=True, return_assistant_tokens_mask=True
+    )
+    assert out["input_ids"] == list(reference["input_ids"])
+    assert [label != -100 for label in out["labels"]] == [bool(m) for m in reference["assistant_masks"]]
+
+
+def test_reasoning_the_template_drops_is_refused_naming_the_field(qwen):
+    """Qwen2.5's template renders no reasoning (Mistral-Nemo's neither): the reasoning would be lost from training."""
+    messages = [
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris.", "reasoning_content": "France's capital is Paris."},
+    ]
+    named = r"row 5: field 'messages', message 1 \(assistant, 'Paris\.'\).*'reasoning_content'.*chat_template"
+    with pytest.raises(RowError, match=named) as err:
+        build_encoder(qwen, format="messages")({"messages": messages}, index=5)
+    assert err.value.reason == "template_drops_content"
+    assert isinstance(err.value, ValueError)
+
+
 def _two_tools(content: str) -> list[dict]:
     calls = [call({"city": "Lyon"}), {"type": "function", "function": {"name": "convert", "arguments": {"to": "USD"}}}]
     return [

@@ -1,5 +1,0 @@
-"""Moved to `flatcollate.models.vision`; this path works, with a `DeprecationWarning`, until flatcollate 0.3."""
-
-from .._lazy import moved_module
-
-__getattr__ = moved_module(__name__, "flatcollate.models.vision")
