@@ -43,6 +43,7 @@ SHAREGPT_ROLES = {
     "tool": "tool",
 }
 _PROBE_USER, _PROBE_REPLY = "flatcollate probe question", "flatcollate probe reply"
+_PROBE_FOLLOW_UP, _PROBE_ANSWER = "flatcollate probe follow-up", "flatcollate probe answer"
 
 
 def sharegpt_to_messages(conversations, *, where: str) -> list[dict]:
@@ -96,7 +97,8 @@ class ChatRenderer:
                 "a fast one: load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
             )
         self.template_kwargs = dict(template_kwargs or {})
-        self.reply_prefix, self.reply_suffix = self._probe()
+        self.reply_prefix, self.reply_suffix, self.history_header = self._probe()
+        self.earlier_end_of_turn = self._probe_earlier_end_of_turn()
 
     def render(self, messages: list[dict], *, tools=None, add_generation_prompt: bool = False) -> str:
         return self.tokenizer.apply_chat_template(
@@ -135,6 +137,8 @@ class ChatRenderer:
             render=self.prefix_renderer(messages, tools=tools),
             generation_prompt=self.reply_prefix,
             end_of_turn=self.reply_suffix,
+            history_header=self.history_header,
+            earlier_end_of_turn=self.earlier_end_of_turn,
             where=where,
         )
 
@@ -142,8 +146,10 @@ class ChatRenderer:
         """A probe message's content: plain text here; a processor's renderer gives a list of text parts."""
         return text
 
-    def _probe(self) -> tuple[str, str]:
-        """What the template writes right before a reply (its generation prompt) and right after one (end of turn)."""
+    def _probe(self) -> tuple[str, str, str | None]:
+        """What the template writes right before a reply (its generation prompt), right after one (end of turn), and
+        before a reply's text where the reply is history (the part of the generation prompt the history keeps:
+        `<｜Assistant｜>` of DeepSeek-R1's `<｜Assistant｜><think>\\n`; None where unknown)."""
         user = {"role": "user", "content": self._probe_content(_PROBE_USER)}
         for head in ([], [{"role": "system", "content": self._probe_content("flatcollate probe system")}]):
             try:
@@ -155,12 +161,42 @@ class ChatRenderer:
                 continue
             suffix = whole[whole.rfind(_PROBE_REPLY) + len(_PROBE_REPLY) :] if _PROBE_REPLY in whole else ""
             prefix = with_header[len(prompt) :] if with_header.startswith(prompt) else ""
-            return prefix, suffix
+            kept = whole.startswith(prompt) and _PROBE_REPLY in whole
+            return prefix, suffix, whole[len(prompt) : whole.rfind(_PROBE_REPLY)] if kept else None
         logger.warning(
             "the chat template refused a probe conversation (user, assistant); the end-of-turn text after each reply "
             "is unknown, so only the replies' own tokens are trained."
         )
-        return "", ""
+        return "", "", None
+
+    def _probe_earlier_end_of_turn(self) -> str:
+        """What the template writes right after a reply that is not the last one (`<|end|>` where the last one ends
+        with `<|return|>`, as gpt-oss has it); "" where unknown.
+
+        In `(head, user, reply, user, reply)` it is what follows the first reply, less the header of the user message
+        after it: what the template writes between `render(head)` and the text of a user message that follows it::
+
+            render(head + [user])          <head> | <|start|>user<|message|> | q<|end|>
+            after the first reply          a | <|end|> | <|start|>user<|message|> | q2<|end|>...
+        """
+        user = {"role": "user", "content": self._probe_content(_PROBE_USER)}
+        reply = {"role": "assistant", "content": self._probe_content(_PROBE_REPLY)}
+        follow_up = {"role": "user", "content": self._probe_content(_PROBE_FOLLOW_UP)}
+        answer = {"role": "assistant", "content": self._probe_content(_PROBE_ANSWER)}
+        for head in ([], [{"role": "system", "content": self._probe_content("flatcollate probe system")}]):
+            conversation = [*head, user, reply, follow_up, answer]
+            render = self.prefix_renderer(conversation)  # compiled: it renders `head` alone, even an empty one
+            try:
+                alone, first, both = render(head, False), render([*head, user], False), render(conversation, False)
+            except jinja2.TemplateError:
+                continue
+            if not first.startswith(alone) or _PROBE_USER not in first or _PROBE_REPLY not in both:
+                continue
+            user_header = first[len(alone) : first.index(_PROBE_USER)]
+            after = both[both.index(_PROBE_REPLY) + len(_PROBE_REPLY) : both.find(_PROBE_FOLLOW_UP)]
+            if _PROBE_FOLLOW_UP in both and after.endswith(user_header):
+                return after[: len(after) - len(user_header)]
+        return ""
 
     def encode(self, messages: list[dict], *, tools=None, where: str = "messages") -> tuple[list[int], np.ndarray]:
         """Token ids of the whole conversation and a mask of the tokens the assistant writes.

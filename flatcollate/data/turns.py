@@ -68,7 +68,9 @@ def _try(render: Render, head: list[dict], add_generation_prompt: bool) -> str |
         return None
 
 
-def _start(text: str, prompt: str | None, generation_prompt: str, floor: int, previous: dict | None) -> int | None:
+def _start(
+    text: str, prompt: str | None, generation_prompt: str, history_header: str | None, floor: int, previous: dict | None
+) -> int | None:
     if prompt is None:
         return None
     if text.startswith(prompt):
@@ -79,9 +81,16 @@ def _start(text: str, prompt: str | None, generation_prompt: str, floor: int, pr
             start += len(generation_prompt)
     else:
         start = common_prefix_length(prompt, text)
-        if not prompt.endswith(generation_prompt) or start < len(prompt) - len(generation_prompt):
+        at = len(prompt) - len(generation_prompt)  # where the generation prompt starts, in the prompt and the row
+        if not prompt.endswith(generation_prompt) or start < at:
             # The conversation before the reply renders differently, not just the generation prompt.
             return _after_previous(text, prompt, generation_prompt, floor, previous)
+        kept = history_header
+        if kept is not None and generation_prompt.startswith(kept) and text.startswith(kept, at):
+            # The row keeps only the header of the generation prompt (DeepSeek-R1: `<｜Assistant｜>` of
+            # `<｜Assistant｜><think>\n`): the reply starts right after it, even where its first characters happen to
+            # match what the prompt goes on with (a reply starting with `<`).
+            start = at + len(kept)
     return start if start >= floor else None
 
 
@@ -99,7 +108,13 @@ def _after_previous(text: str, prompt: str, generation_prompt: str, floor: int, 
 
 
 def _end(
-    text: str, reply: str | None, start: int, render: Render, head: list[dict], generation_prompt: str
+    text: str,
+    reply: str | None,
+    start: int,
+    render: Render,
+    head: list[dict],
+    generation_prompt: str,
+    ends: tuple[str, str],
 ) -> int | None:
     if reply is None:
         return None
@@ -111,6 +126,13 @@ def _end(
             continued = continued[: len(continued) - len(generation_prompt)]
             if len(continued) > start and text.startswith(continued):
                 return len(continued)
+    last_end, earlier_end = ends
+    if last_end and earlier_end and reply.endswith(last_end):
+        # The last reply ends its turn otherwise than earlier ones (`<|return|>` and `<|end|>`, keyed on `loop.last`):
+        # the reply is followed in the row by the end of an earlier turn, which is the reply's.
+        body = len(reply) - len(last_end)
+        if body >= start and text.startswith(reply[:body]) and text.startswith(earlier_end, body):
+            return body + len(earlier_end)
     part = common_prefix_length(reply, text)
     if part < start:
         return None
@@ -181,6 +203,27 @@ def _check_content_inside(text: str, messages: list[dict], start: int, end: int,
     )
 
 
+def _check_reasoning_inside(text: str, messages: list[dict], start: int, end: int, i: int, where: str) -> None:
+    """A reply's reasoning (`reasoning_content`, `thinking`, `reasoning`) must be rendered inside its span: a template
+    that renders none (Qwen2.5, Mistral-Nemo) or drops that of earlier turns (Qwen3's shipped template, before the last
+    user message) would train the reply without it, and the reasoning would be lost without a word."""
+    message = messages[i]
+    for field in REASONING_FIELDS:
+        reasoning = message.get(field)
+        if not isinstance(reasoning, str) or not reasoning.strip():
+            continue
+        found = find_content(text, reasoning, start, "", "")
+        if found is not None and found[1] <= end:
+            continue
+        raise RowError(
+            f"{where}, {_describe(i, message)}: its {field!r} is not in the rendered reply: the chat template drops "
+            "the reasoning, so the reply would be trained without it. Use a chat_template that renders reasoning for "
+            "every reply (e.g. TRL's qwen3_training.jinja), remove the field to train the reply without it, or pass "
+            "on_error='skip'.",
+            reason="template_drops_content",
+        )
+
+
 def _framed(text: str, message: dict, floor: int, gap: str | None, end_of_turn: str) -> tuple[int, int] | None:
     """The cheap check, for a reply between the first and the last after a user message: plain text written right at
     `floor` (the end of the user message) as `gap` (what the template wrote between the first reply read off its
@@ -205,6 +248,8 @@ def generated_spans(
     render: Render,
     generation_prompt: str,
     end_of_turn: str = "",
+    history_header: str | None = None,
+    earlier_end_of_turn: str = "",
     where: str,
     render_every_reply: bool = False,
 ) -> np.ndarray:
@@ -216,7 +261,11 @@ def generated_spans(
         render (`Callable[[list[dict], bool], str]`): renders a conversation (prefix) with or without the generation
             prompt, as `text` was rendered (same template, tools and variables).
         generation_prompt (`str`): what the template appends for `add_generation_prompt=True` after a user turn.
-        end_of_turn (`str`, *optional*): what it writes after a final reply, for the search fallback.
+        end_of_turn (`str`, *optional*): what it writes after a final reply (the search fallback looks for it).
+        history_header (`str`, *optional*): what it writes before a reply's text where the reply is history, if known
+            (`<｜Assistant｜>` where the generation prompt is `<｜Assistant｜><think>\\n`).
+        earlier_end_of_turn (`str`, *optional*): what it writes after a reply that is not the last one, if known
+            (`<|end|>` where `end_of_turn` is `<|return|>`).
         where (`str`): row and field, for error messages.
         render_every_reply (`bool`, *optional*): render the prefixes of every reply, also those between the first
             and the last that pass the cheap check (the slow reference the tests compare with).
@@ -253,12 +302,9 @@ def generated_spans(
             floor = framed[1]
             continue
         previous = messages[i - 1] if i else None
-        start = _start(text, _try(render, messages[:i], True), generation_prompt, floor, previous)
-        end = (
-            None
-            if start is None
-            else _end(text, _try(render, messages[: i + 1], False), start, render, messages[: i + 1], generation_prompt)
-        )
+        start = _start(text, _try(render, messages[:i], True), generation_prompt, history_header, floor, previous)
+        reply = None if start is None else _try(render, messages[: i + 1], False)
+        end = _end(text, reply, start, render, messages[: i + 1], generation_prompt, (end_of_turn, earlier_end_of_turn))
         if end is None and not text.startswith(_try(render, [], False) or text[:1] + "\0"):
             # Not even the empty conversation is a prefix (a header that counts the messages): search plain replies.
             start, end = _searched(text, message, floor, generation_prompt, end_of_turn) or (start, None)
@@ -273,6 +319,7 @@ def generated_spans(
         if gap is None and i > 0 and messages[i - 1]["role"] == "user":
             gap = text[floor:start]  # learnt from the first reply after a user message, read off the renders
         _check_content_inside(text, messages, start, end, i, where)
+        _check_reasoning_inside(text, messages, start, end, i, where)
         spans.append((start, end))
         floor = end
     return np.asarray(spans, dtype=np.int64).reshape(-1, 2)

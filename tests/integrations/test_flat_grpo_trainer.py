@@ -44,10 +44,26 @@ def alone(model, ids, mask, width):
     return out
 
 
-def test_the_flattened_pass_equals_each_sequence_alone_and_the_padded_pass():
-    model = tiny_causal_lm("llama", seed=0, vocab_size=256)
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_the_flattened_pass_equals_each_sequence_alone_and_the_padded_pass(model_type):
+    """GPT-2 learns absolute positions: `GRPOTrainer`'s padded pass numbers them from the left padding (a prompt
+    padded by 4 starts at position 4), so its log-probabilities differ from each row alone, and `FlatGRPOTrainer`'s
+    step from `GRPOTrainer`'s; the flattened pass numbers every sequence from 0, as alone, for every family."""
+    model = tiny_causal_lm(model_type, seed=0, vocab_size=256)
     ids, mask, width = padded_batch()
     reference = alone(model, ids, mask, width)
+    with torch.no_grad():
+        padded, flat = _padded_pass(model, ids, mask, width), _flat_pass(model, ids, mask, width)
+    torch.testing.assert_close(flat, reference, rtol=0, atol=TOL)
+    gap = (padded * mask[:, -width:] - reference).abs().max().item()
+    if model_type == "gpt2":
+        assert gap > 1e-2, f"GRPOTrainer's padded pass was expected to differ for learned positions, gap {gap}"
+    else:
+        assert gap <= TOL
+
+
+def _padded_pass(model, ids, mask, width):
+    """`GRPOTrainer`'s own per-token log-probabilities of the completions, on a copy of `model`."""
     with tempfile.TemporaryDirectory() as tmp:
         args = trl.GRPOConfig(
             output_dir=tmp,
@@ -58,19 +74,15 @@ def test_the_flattened_pass_equals_each_sequence_alone_and_the_padded_pass():
             bf16=False,
             max_completion_length=4,
         )
-        data = Dataset.from_list([{"prompt": "t1 t2"}] * 4)
         trainer = trl.GRPOTrainer(
             model=copy.deepcopy(model),
             reward_funcs=lambda completions, **_: [0.0] * len(completions),
             args=args,
-            train_dataset=data,
+            train_dataset=Dataset.from_list([{"prompt": "t1 t2"}] * 4),
             processing_class=offline_tokenizer(),
         )
-        with torch.no_grad():
-            padded, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width)
-            flat = _flat_pass(model, ids, mask, width)
-    torch.testing.assert_close(flat, reference, rtol=0, atol=TOL)
-    torch.testing.assert_close(padded * mask[:, -width:], reference, rtol=0, atol=TOL)
+        padded, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width)
+    return padded
 
 
 def _flat_pass(model, ids, mask, width):
@@ -183,35 +195,3 @@ def test_one_step_equals_grpo_trainer_with_a_real_tokenizer(tokenizer_dir, share
     for key in ("reward", "kl", "entropy"):
         assert abs(logs[key] - expected_logs[key]) <= TOL, (key, logs[key], expected_logs[key])
     assert max((expected[n] - p).abs().max().item() for n, p in got.items()) <= TOL
-
-
-def test_learned_positions_the_flattened_pass_is_each_row_alone_and_grpo_trainers_padded_pass_is_not():
-    """GPT-2 learns absolute positions: `GRPOTrainer`'s padded pass numbers them from the left padding (a prompt
-    padded by 4 starts at position 4), so its log-probabilities differ from each row alone; the flattened pass
-    numbers every sequence from 0, as alone. `FlatGRPOTrainer`'s step then differs from `GRPOTrainer`'s on purpose."""
-    model = tiny_causal_lm("gpt2", seed=0, vocab_size=256)
-    ids, mask, width = padded_batch()
-    reference = alone(model, ids, mask, width)
-    with tempfile.TemporaryDirectory() as tmp:
-        args = trl.GRPOConfig(
-            output_dir=tmp,
-            per_device_train_batch_size=4,
-            num_generations=4,
-            report_to=[],
-            use_cpu=True,
-            bf16=False,
-            max_completion_length=4,
-        )
-        trainer = trl.GRPOTrainer(
-            model=copy.deepcopy(model),
-            reward_funcs=lambda completions, **_: [0.0] * len(completions),
-            args=args,
-            train_dataset=Dataset.from_list([{"prompt": "t1 t2"}] * 4),
-            processing_class=offline_tokenizer(),
-        )
-        with torch.no_grad():
-            padded, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width)
-            flat = _flat_pass(model, ids, mask, width)
-    torch.testing.assert_close(flat, reference, rtol=0, atol=TOL)
-    gap = (padded * mask[:, -width:] - reference).abs().max().item()
-    assert gap > 1e-2, f"GRPOTrainer's padded pass was expected to differ for learned positions, gap {gap}"
