@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
+from .build import build_on_device
 from .config import DPO_MODES, DPOBenchConfig
 from .dpo_data import draw_pairs, pair_texts
 from .dpo_summary import summarize_dpo
@@ -116,9 +117,7 @@ def build_dpo_model(config: DPOBenchConfig, *, device: torch.device):
     its own copy."""
     model_config_ = model_config(config)
     model_config_.use_cache = False
-    torch.manual_seed(config.seed)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-    return AutoModelForCausalLM.from_config(model_config_, attn_implementation="sdpa", dtype=dtype).to(device)
+    return build_on_device(AutoModelForCausalLM, model_config_, device=device, dtype=config.dtype, seed=config.seed)
 
 
 def recording(trainer_class):

@@ -11,8 +11,6 @@ in the in-process run; the result has the same layout, so the same report is wri
 from collections.abc import Sequence
 from dataclasses import asdict
 
-import torch
-
 from .config import PEER_MODE, ThroughputConfig
 from .memory import PeakMemory
 from .plan import plan_batches, profile_fill
@@ -25,6 +23,7 @@ from .throughput import (
     check_config,
     model_config,
     model_summary,
+    pass_flops,
     resolve_device,
     resolve_flattened_attn,
     settle,
@@ -42,23 +41,24 @@ def measure_mode(config: ThroughputConfig, mode: str) -> dict:
 
     Returns:
         `dict` (JSON-ready): the timed pass's `step_s`, `cpu_s`, `losses`, `peak_memory_bytes`, `added_memory_bytes`
-        (see `throughput.timed_pass`), `settle_passes` and `model` (`throughput.model_summary`).
+        (see `throughput.timed_pass`), `settle_passes`, `first_step_s` and `warm_up_s` (`throughput.settle`),
+        `pass_flops` and `model` (`throughput.model_summary`).
     """
     check_config(config)
     device = resolve_device(config.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     with bench_threads(config.threads, device):
         # transformers' own padding-free path runs on a model flatcollate has not prepared.
-        model = build_model(config, device=device, dtype=dtype, prepare=mode != PEER_MODE)
+        model = build_model(config, device=device, prepare=mode != PEER_MODE)
         plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=[mode])
         if mode != PEER_MODE:
             name = "sdpa" if mode.startswith("padded") else resolve_flattened_attn(config.flattened_attn)
             model.set_attn_implementation(name)
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         bar = _NoBar()
-        passes = settle(model, plan.batches[mode][:SETTLE_STEPS], initial, lr=config.lr, device=device, bar=bar)
+        settled = settle(model, plan.batches[mode][:SETTLE_STEPS], initial, lr=config.lr, device=device, bar=bar)
         record = timed_pass(model, plan, mode, initial, lr=config.lr, memory=PeakMemory(device), bar=bar)
-    return {**record, "settle_passes": passes, "model": model_summary(model)}
+        flops = pass_flops(model, plan.pool.lengths)
+    return {**record, **settled, "pass_flops": flops, "model": model_summary(model)}
 
 
 class _NoBar:
@@ -97,6 +97,7 @@ def run_throughput_in_processes(config: ThroughputConfig, command: Sequence[str]
             attn=attn,
             profile_fill=profile_fill(config),
             settle_passes={mode: run.values(mode, "settle_passes") for mode in plan.modes},
+            pass_flops=run.first(plan.modes[0], "pass_flops"),
         )
     result["environment"]["process_per_pass"] = True
     result["model"] = run.first(plan.modes[0], "model")

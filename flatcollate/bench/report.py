@@ -21,28 +21,43 @@ MODE_NAMES = {
 
 
 def markdown_table(result: dict) -> str:
-    """One row per mode: real tokens/s (median, min-max), ratio to padded, seconds per optimizer step, peak memory
-    and the memory the timed pass added, padding, optimizer steps per epoch."""
+    """One row per mode: real tokens/s (median, min-max), ratio to padded, model TFLOP/s (and MFU on a GPU whose peak
+    is known, `flatcollate.bench.flops`), peak memory and the memory the timed pass added, padding, optimizer steps
+    per epoch, and the first step's seconds (allocation, kernel selection, compilation: not in the timed figures)."""
     ratios = result["ratios_vs_padded"]
     on_cpu = result["environment"]["device_type"] == "cpu"
+    with_mfu = any(row.get("mfu") is not None for row in result["modes"].values())
     cpu_header = " x padded, CPU time |" if on_cpu else ""
+    mfu_header = " MFU |" if with_mfu else ""
     memory = "peak RSS" if on_cpu else "peak CUDA memory"
     lines = [
-        f"| mode | real tokens/s (median, min-max) | x padded (min-max) |{cpu_header} seconds per optimizer step "
-        f"| {memory} MiB | memory added by the pass MiB | padding | optimizer steps |",
-        "|---|---|---|---|---|---|---|---|" + ("---|" if on_cpu else ""),
+        f"| mode | real tokens/s (median, min-max) | x padded (min-max) |{cpu_header} model TFLOP/s |{mfu_header} "
+        f"{memory} MiB | memory added by the pass MiB | padding | optimizer steps | first step (s) |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if on_cpu else "") + ("---|" if with_mfu else ""),
     ]
     for mode, row in result["modes"].items():
         tps = row["tokens_per_s"]
         ratio_text = _ratio(ratios.get(mode, {}).get("tokens_per_s"))
         cpu_text = f" {_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
+        mfu_text = f" {row['mfu']:.1%} |" if with_mfu and row.get("mfu") is not None else " |" * with_mfu
+        tflops = row.get("model_tflops_per_s")
+        first = row.get("first_step_s")
+        first_text = "" if first is None else f"{first['median']:.2f}"
         lines.append(
             f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} |{cpu_text} "
-            f"{row['seconds_per_step']['median']:.3f} | {format_mib(row['peak_memory_bytes'])} "
+            f"{_tflops(tflops)} |{mfu_text} {format_mib(row['peak_memory_bytes'])} "
             f"| {format_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
-            f"| {row['steps_per_epoch']} |"
+            f"| {row['steps_per_epoch']} | {first_text} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _tflops(figure: dict | None) -> str:
+    """Model TFLOP/s with enough digits for a tiny CPU model and a full-size GPU one alike."""
+    if figure is None:
+        return ""
+    median = figure["median"]
+    return f"{median:.3g}" if median < 100 else f"{median:,.0f}"
 
 
 def setup_lines(result: dict) -> list[str]:

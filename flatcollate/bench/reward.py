@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from .build import build_on_device
 from .config import DPO_MODES, DPOBenchConfig
 from .dpo import StepClock, check_dpo_config, config_from_json, recording, trainer_options
 from .dpo_data import draw_pairs, reward_texts
@@ -86,10 +87,8 @@ def build_reward_model(config: DPOBenchConfig, *, device: torch.device):
     model_config_ = model_config(config)
     model_config_.use_cache = False
     model_config_.num_labels = 1
-    torch.manual_seed(config.seed)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-    return AutoModelForSequenceClassification.from_config(model_config_, attn_implementation="sdpa", dtype=dtype).to(
-        device
+    return build_on_device(
+        AutoModelForSequenceClassification, model_config_, device=device, dtype=config.dtype, seed=config.seed
     )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .batches import PEER_MODE, real_tokens, slot_tokens
+from .flops import mfu, peak_flops
 from .repeats import spread
 
 NOISY_SPREAD = 0.25
@@ -23,9 +24,26 @@ NOISY_SPREAD = 0.25
 
 
 def summarize(
-    config, runs, batches, collate_s, *, pool, pack_len, skipped, device, attn, profile_fill, settle_passes
+    config,
+    runs,
+    batches,
+    collate_s,
+    *,
+    pool,
+    pack_len,
+    skipped,
+    device,
+    attn,
+    profile_fill,
+    settle_passes,
+    pass_flops: float | None = None,
 ) -> dict:
-    """Turn raw per-repeat timings into medians, spreads and ratios to `padded` taken within each repeat."""
+    """Turn raw per-repeat timings into medians, spreads and ratios to `padded` taken within each repeat.
+
+    `pass_flops` (the model FLOPs of one pass over the pool's sequences, `flatcollate.bench.flops`) gives each mode
+    its model TFLOP/s and, on a GPU whose peak is known, its MFU."""
+    environment = _environment(device, attn)
+    device_peak = peak_flops(environment["device"], config.dtype) if device.type == "cuda" else None
     modes = {}
     for mode, passes in runs.items():
         real = sum(real_tokens(b) for b in batches[mode])
@@ -46,8 +64,15 @@ def summarize(
             "padding_fraction": 1 - real / slots,
             "steps_per_epoch": len(batches[mode]),
             "collate_s": collate_s[mode],
+            "first_step_s": spread([p["first_step_s"] for p in passes]) if "first_step_s" in passes[0] else None,
+            "model_tflops_per_s": None,
+            "mfu": None,
             "losses": passes[0]["losses"],
         }
+        if pass_flops is not None:
+            tflops = spread([pass_flops / sum(p["step_s"]) / 1e12 for p in passes])
+            modes[mode]["model_tflops_per_s"] = tflops
+            modes[mode]["mfu"] = mfu(tflops["median"] * 1e12, 1.0, device_peak)
     ratios = {}
     if "padded" in runs:
         for mode, passes in runs.items():
@@ -64,7 +89,8 @@ def summarize(
         equivalence = {"compared": ["padded", "flattened"], "steps": config.steps, "max_abs_loss_diff": diff}
     return {
         "config": asdict(config),
-        "environment": {**_environment(device, attn), "warm_up_passes": settle_passes},
+        "environment": {**environment, "warm_up_passes": settle_passes, "peak_flops": device_peak},
+        "pass_flops": pass_flops,
         "headline": headline(runs, device),
         "pool": {
             "sequences": len(pool.lengths),

@@ -24,7 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 import flatcollate
 
 from ..models import apply_overrides, tiny_config
+from .build import build_on_device
 from .config import MODES, PEER_MODE, ThroughputConfig
+from .flops import attention_width, linear_parameters, training_flops
 from .memory import PeakMemory
 from .plan import Plan, plan_batches, profile_fill
 from .repeats import run_order
@@ -59,6 +61,12 @@ def bench_threads(threads: int | None, device: torch.device):
         torch.set_num_threads(previous_threads)
 
 
+def pass_flops(model: PreTrainedModel, lengths) -> float:
+    """Model FLOPs of one training pass over sequences of `lengths` (`flatcollate.bench.flops.training_flops`)."""
+    layers, width = attention_width(model.config)
+    return training_flops(linear_parameters(model), layers, width, lengths)
+
+
 def model_summary(model: PreTrainedModel) -> dict:
     """Type, parameter count and sizes of the model trained, for the report."""
     sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
@@ -70,10 +78,9 @@ def model_summary(model: PreTrainedModel) -> dict:
 
 
 def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> dict:
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
-    model = build_model(config, device=device, dtype=dtype)
+    model = build_model(config, device=device)
     # transformers' own padding-free path runs on a model flatcollate has not prepared (no packed backend, no guard).
-    peer = build_model(config, device=device, dtype=dtype, prepare=False) if PEER_MODE in config.modes else None
+    peer = build_model(config, device=device, prepare=False) if PEER_MODE in config.modes else None
     plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=config.modes)
     modes, batches, warm_batches = plan.modes, plan.batches, plan.warm_batches
     flat_attn = resolve_flattened_attn(config.flattened_attn)
@@ -83,17 +90,18 @@ def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> d
     total = config.repeats * sum(len(batches[m]) + len(warm_batches[m]) for m in modes)
     total += sum(settle_budget(batches[m][:SETTLE_STEPS]) for m in modes)
     bar = tqdm(total=total, desc="training steps", unit="step", disable=not progress)
-    settle_passes = {}
+    settled = {}
     for mode in modes:
         bar.set_postfix(warm_up=mode)
         trained = _model_for(mode, model, peer, flat_attn)
         warm_up = batches[mode][:SETTLE_STEPS]
-        settle_passes[mode] = settle(trained, warm_up, initial, lr=config.lr, device=device, bar=bar)
+        settled[mode] = settle(trained, warm_up, initial, lr=config.lr, device=device, bar=bar)
     # The order rotates each repeat so slow phases of a shared machine do not always hit the same mode.
     for repeat, mode in run_order(modes, config.repeats):
         bar.set_postfix(repeat=repeat, mode=mode)
         trained = _model_for(mode, model, peer, flat_attn)
-        runs[mode].append(timed_pass(trained, plan, mode, initial, lr=config.lr, memory=memory, bar=bar))
+        record = timed_pass(trained, plan, mode, initial, lr=config.lr, memory=memory, bar=bar)
+        runs[mode].append({**record, "first_step_s": settled[mode]["first_step_s"]})
     bar.close()
     result = summarize(
         config,
@@ -106,7 +114,8 @@ def _run(config: ThroughputConfig, *, device: torch.device, progress: bool) -> d
         device=device,
         attn=flat_attn,
         profile_fill=profile_fill(config),
-        settle_passes=settle_passes,
+        settle_passes={mode: settled[mode]["settle_passes"] for mode in modes},
+        pass_flops=pass_flops(model, plan.pool.lengths),
     )
     result["model"] = model_summary(model)
     return result
@@ -132,7 +141,11 @@ SETTLE_TOLERANCE = 0.1
 """Warm-up ends when a settling pass takes within 10% of the pass before it..."""
 
 MAX_SETTLE_PASSES = 4
-"""... or after this many passes."""
+"""... or after this many passes ..."""
+
+MAX_SETTLE_SECONDS = 60.0
+"""... or once the warm-up has taken this long (a large model on a GPU: the first step compiles, later ones are
+short, and a full-size pass need not be repeated to know it)."""
 
 
 def _model_for(mode: str, model, peer, flat_attn: str):
@@ -148,22 +161,27 @@ def settle_budget(batches: list) -> int:
     return MAX_SETTLE_PASSES * len(batches)
 
 
-def settle(model, batches, initial, *, lr: float, device: torch.device, bar) -> int:
-    """Untimed passes over `batches` until two consecutive passes take within `SETTLE_TOLERANCE` of each other (at
-    most `MAX_SETTLE_PASSES`): the first passes of a mode pay for allocation and kernel selection. The bar advances
+def settle(model, batches, initial, *, lr: float, device: torch.device, bar) -> dict:
+    """Untimed passes over `batches` until two consecutive passes take within `SETTLE_TOLERANCE` of each other, at
+    most `MAX_SETTLE_PASSES` passes and, past the first pass, at most `MAX_SETTLE_SECONDS`: the first passes of a
+    mode pay for allocation, kernel selection and compilation, reported apart as `first_step_s`. The bar advances
     by `settle_budget(batches)` whatever the passes it took: the passes not needed are counted as skipped.
 
     Returns:
-        `int`, the passes it took.
+        `dict`: `settle_passes` (the passes it took), `first_step_s` (wall-clock seconds of the very first step) and
+        `warm_up_s` (of the whole warm-up).
     """
-    previous = None
+    previous, steps = None, []
     for passes in range(1, MAX_SETTLE_PASSES + 1):
-        seconds = sum(run_pass(model, batches, initial, lr=lr, device=device, bar=bar)["step_s"])
-        if previous is not None and abs(seconds - previous) <= SETTLE_TOLERANCE * previous:
+        step_s = run_pass(model, batches, initial, lr=lr, device=device, bar=bar)["step_s"]
+        steps += step_s
+        seconds = sum(step_s)
+        settled = previous is not None and abs(seconds - previous) <= SETTLE_TOLERANCE * previous
+        if settled or sum(steps) > MAX_SETTLE_SECONDS or passes == MAX_SETTLE_PASSES:
             bar.update(settle_budget(batches) - passes * len(batches))
-            return passes
+            return {"settle_passes": passes, "first_step_s": steps[0], "warm_up_s": sum(steps)}
         previous = seconds
-    return MAX_SETTLE_PASSES
+    raise AssertionError("unreachable: the last pass returns")
 
 
 def check_config(config: ThroughputConfig) -> None:
@@ -205,18 +223,13 @@ def model_config(config: ThroughputConfig) -> PretrainedConfig:
     return base
 
 
-def build_model(
-    config: ThroughputConfig, *, device: torch.device, dtype: torch.dtype, prepare: bool = True
-) -> PreTrainedModel:
-    """Random-weight causal LM from the config (no download), in train mode, without a KV cache; `prepare` runs
-    `prepare_model_for_flattening` on it."""
+def build_model(config: ThroughputConfig, *, device: torch.device, prepare: bool = True) -> PreTrainedModel:
+    """Random-weight causal LM from the config (no download) built on `device` (`build.build_on_device`), in train
+    mode, without a KV cache; `prepare` runs `prepare_model_for_flattening` on it."""
     model_config_ = model_config(config)
     model_config_.use_cache = False
-    torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_config(model_config_, attn_implementation="sdpa", dtype=dtype).to(device)
-    if prepare:
-        model = flatcollate.prepare_model_for_flattening(model)
-    return model.train()
+    model = build_on_device(AutoModelForCausalLM, model_config_, device=device, dtype=config.dtype, seed=config.seed)
+    return flatcollate.prepare_model_for_flattening(model) if prepare else model
 
 
 def resolve_flattened_attn(name: str) -> str:

@@ -97,15 +97,14 @@ def measure_vision_mode(config: VisionBenchConfig, mode: str) -> dict:
     """
     check_vision_config(config)
     device = resolve_device(config.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
     with bench_threads(config.threads, device):
-        model = build_vision_model(config, device=device, dtype=dtype)
+        model = build_vision_model(config, device=device)
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         plan = plan_vision_batches(config, model, modes=[mode])
         bar = _NoBar()
-        passes = settle(model, plan.batches[mode][:SETTLE_STEPS], initial, lr=config.lr, device=device, bar=bar)
+        settled = settle(model, plan.batches[mode][:SETTLE_STEPS], initial, lr=config.lr, device=device, bar=bar)
         record = timed_pass(model, plan, mode, initial, lr=config.lr, memory=PeakMemory(device), bar=bar)
-    return {**record, "settle_passes": passes, "attn": model.config.text_config._attn_implementation}
+    return {**record, **settled, "attn": model.config.text_config._attn_implementation}
 
 
 class _NoBar:
@@ -132,7 +131,7 @@ def run_vision_bench(config: VisionBenchConfig, *, progress: bool = True, runner
     check_vision_config(config)
     device = resolve_device(config.device)
     with bench_threads(config.threads, device):
-        model = build_vision_model(config, device=torch.device("cpu"), dtype=torch.float32)
+        model = build_vision_model(config, device=torch.device("cpu"), dtype="float32")
         summary = vision_model_summary(model)  # before preparing: the flattened collator prepares it in place
         plan = plan_vision_batches(config, model)
         (run,) = run_repeats(

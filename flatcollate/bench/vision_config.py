@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
 from ..models.vision import tiny_vision_config
+from .build import build_on_device
 from .config import MAX_IMAGES
 from .vision_inputs import MAX_PIXELS, MIN_PIXELS, ImageDistribution
 
@@ -104,12 +105,14 @@ def vision_model_config(config: VisionBenchConfig) -> PretrainedConfig:
     return model_config
 
 
-def build_vision_model(config: VisionBenchConfig, *, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    """The unprepared model (SDPA, random weights seeded by `config.seed`) in train mode."""
-    torch.manual_seed(config.seed)
+def build_vision_model(
+    config: VisionBenchConfig, *, device: torch.device, dtype: str | None = None
+) -> PreTrainedModel:
+    """The unprepared model (SDPA, random weights seeded by `config.seed`, built on `device` in `dtype`, by default
+    the config's) in train mode."""
     model_config = vision_model_config(config)
-    model = AutoModelForImageTextToText.from_config(model_config, attn_implementation="sdpa", dtype=dtype)
-    return model.to(device).train()
+    dtype = dtype or config.dtype
+    return build_on_device(AutoModelForImageTextToText, model_config, device=device, dtype=dtype, seed=config.seed)
 
 
 def check_vision_config(config: VisionBenchConfig) -> None:

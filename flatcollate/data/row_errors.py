@@ -16,7 +16,8 @@
 | `ends_without_reply`     | has a conversation whose last message is not the assistant's                     |
 | `no_chat_template`       | is a conversation but the tokenizer has no chat template                         |
 | `template_error`         | was refused by the chat template (e.g. roles that do not alternate)              |
-| `template_drops_content` | has a message the chat template does not render, or renders out of order         |
+| `template_drops_content` | has a message the chat template does not render, or renders out of order, or     |
+|                          | a reply whose reasoning (`reasoning_content`) it does not render                 |
 | `template_rewrites_history` | has a reply the template renders differently once later messages follow, so what |
 |                          | the model generates for it cannot be read off the template                       |
 | `template_splits_reply`  | has a tool-calling reply whose content the template writes outside the reply     |

@@ -19,17 +19,24 @@ the template, never searched for::
 differently once the conversation goes on are handled as they render `F`:
 
 - the generation prompt is not a prefix of `F` (DeepSeek-R1 prompts `<｜Assistant｜><think>\\n` but renders earlier
-  turns without `<think>`): the span starts where `P_i` and `F` part, provided that is inside the generation prompt;
-- `R_i` is not a prefix of `F` (Qwen3 drops the reasoning of turns before the last user message; gpt-oss ends a final
-  turn with `<|return|>`, an earlier one with `<|end|>`): the span ends where `render(messages[:i + 1],
-  add_generation_prompt=True)` stops before the next generation prompt if that is a prefix of `F`, else at the end
-  of the longest tail of `R_i` that `F` has right where the two part (`content<|im_end|>\\n` after dropped reasoning).
+  turns without `<think>`): the span starts right after the part of the generation prompt that `F` keeps, as a
+  probe conversation shows the template writes it before a reply in the history (`<｜Assistant｜>`), so a reply
+  starting with `<` is trained from that `<`; without such a header, where `P_i` and `F` part, provided that is inside
+  the generation prompt;
+- `R_i` is not a prefix of `F` (gpt-oss ends a final turn with `<|return|>`, an earlier one with `<|end|>`; Qwen3
+  drops the reasoning of turns before the last user message): the span ends where `render(messages[:i + 1],
+  add_generation_prompt=True)` stops before the next generation prompt if that is a prefix of `F`; else, where `R_i`
+  ends with the end of a final turn and `F` has the rest of `R_i` followed by the end of an earlier turn (both read
+  off probe conversations; a template keying `<|return|>` on `loop.last` alone), right after that; else at the end of
+  the longest tail of `R_i` that `F` has right where the two part.
 
 Where not even `render([])` is a prefix of `F` (a template that writes the message count first), replies of plain
 text are found by their content between the generation prompt and the end of turn, as before; others raise.
-A system, user or tool message whose text is not in `F` after the previous message raises `RowError`
-(`template_drops_content`). Anything else (an earlier turn rendered differently in `P_i` than in `F`, a turn of
-which `F` keeps nothing) raises `RowError` naming the message: labels are never guessed.
+A system, user or tool message whose text is not in `F` after the previous message, and a reply whose reasoning
+(`reasoning_content`, `thinking`, `reasoning`) is not in its span (Qwen2.5 and Mistral-Nemo render none, Qwen3 drops
+that of earlier turns), raise `RowError` (`template_drops_content`). Anything else (an earlier turn rendered
+differently in `P_i` than in `F`, a turn of which `F` keeps nothing) raises `RowError` naming the message: labels are
+never guessed.
 """
 
 from collections.abc import Callable
@@ -85,7 +92,7 @@ def _start(
         if not prompt.endswith(generation_prompt) or start < at:
             # The conversation before the reply renders differently, not just the generation prompt.
             return _after_previous(text, prompt, generation_prompt, floor, previous)
-        kept = history_header
+        kept = history_header  # the header the history writes before a reply, where the probe could tell
         if kept is not None and generation_prompt.startswith(kept) and text.startswith(kept, at):
             # The row keeps only the header of the generation prompt (DeepSeek-R1: `<｜Assistant｜>` of
             # `<｜Assistant｜><think>\n`): the reply starts right after it, even where its first characters happen to
@@ -218,8 +225,7 @@ def _check_reasoning_inside(text: str, messages: list[dict], start: int, end: in
         raise RowError(
             f"{where}, {_describe(i, message)}: its {field!r} is not in the rendered reply: the chat template drops "
             "the reasoning, so the reply would be trained without it. Use a chat_template that renders reasoning for "
-            "every reply (e.g. TRL's qwen3_training.jinja), remove the field to train the reply without it, or pass "
-            "on_error='skip'.",
+            "every reply (e.g. TRL's qwen3_training.jinja), or remove the field to train the reply without it.",
             reason="template_drops_content",
         )
 

@@ -142,6 +142,7 @@ def test_result_keys_and_counts(result):
         "loss_equivalence",
         "skipped",
         "model",
+        "pass_flops",
     }
     assert list(result["modes"]) == list(MODES)
     pool = result["pool"]
@@ -157,6 +158,9 @@ def test_result_keys_and_counts(result):
         assert row["seconds_per_step"]["n"] == CONFIG.repeats * row["steps_per_epoch"]
         assert row["tokens_per_s"]["min"] <= row["tokens_per_s"]["median"] <= row["tokens_per_s"]["max"]
         assert len(row["losses"]) == row["steps_per_epoch"]
+        assert row["first_step_s"]["n"] == CONFIG.repeats and row["mfu"] is None  # no known peak on a CPU
+        tflops, tps = row["model_tflops_per_s"]["median"], row["tokens_per_s"]["median"]
+        assert tflops * 1e12 == pytest.approx(result["pass_flops"] * tps / pool["real_tokens"], rel=1e-6)
     modes = result["modes"]
     assert modes["padded"]["steps_per_epoch"] == modes["flattened"]["steps_per_epoch"] == CONFIG.steps
     assert modes["padded"]["padding_fraction"] == pytest.approx(1 - padded_fill(seqs.lengths, batch_size=3))
@@ -184,7 +188,7 @@ def test_report_files(result, tmp_path):
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == list(MODES)
     text = paths[1].read_text()
     assert text.count("| mode |") == 1  # the table once
-    assert "seconds per optimizer step" in text and "memory added by the pass" in text
+    assert "model TFLOP/s" in text and "first step (s)" in text and "memory added by the pass" in text
     assert "step s " not in text
 
 
@@ -291,8 +295,8 @@ def test_settle_advances_the_bar_by_its_whole_budget_and_keeps_the_total(monkeyp
     batches = ["batch"] * 3
     budget = MAX_SETTLE_PASSES * len(batches)
     bar = RecordingBar(total=budget)
-    passes = throughput_module.settle(None, batches, {}, lr=1e-3, device=torch.device("cpu"), bar=bar)
-    assert passes == len(pass_seconds)
+    settled = throughput_module.settle(None, batches, {}, lr=1e-3, device=torch.device("cpu"), bar=bar)
+    assert settled["settle_passes"] == len(pass_seconds)
     assert bar.totals == [budget] and bar.n == budget
 
 

@@ -55,7 +55,7 @@ def result():
 
 @pytest.fixture(scope="module")
 def model():
-    return build_vision_model(CONFIG, device=torch.device("cpu"), dtype=torch.float32)
+    return build_vision_model(CONFIG, device=torch.device("cpu"), dtype="float32")
 
 
 def test_image_grids_are_the_processor_resize_of_the_drawn_sides():

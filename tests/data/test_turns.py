@@ -59,15 +59,19 @@ def test_reasoning_and_content_parts_are_trained(qwen):
     assert qwen.decode(run) == "<think>\nFrance's capital is Paris.\n</think>\n\nParis.<|im_end|>\n"
 
 
-def test_earlier_reasoning_dropped_by_the_template_is_not_trained(qwen):
-    """Qwen3's shipped template renders reasoning only after the last user message: the first reply is trained as
-    rendered (its training variant keeps every turn's reasoning)."""
-    template = (TEMPLATES / "qwen3.jinja").read_text()
+def test_earlier_reasoning_dropped_by_the_template_is_refused(qwen):
+    """Qwen3's shipped template renders reasoning only after the last user message, so the first reply's would be lost
+    from training: refused, naming the message and the field. Its training variant keeps every turn's reasoning."""
     turn = {"role": "assistant", "content": "A.", "reasoning_content": "think 1"}
     messages = [{"role": "user", "content": "q1"}, turn, {"role": "user", "content": "q2"}, {**turn, "content": "B."}]
-    out = build_encoder(qwen, format="messages", chat_template=template)({"messages": messages})
+    shipped = build_encoder(qwen, format="messages", chat_template=(TEMPLATES / "qwen3.jinja").read_text())
+    with pytest.raises(RowError, match=r"row 2: .*message 1 \(assistant, 'A\.'\): its 'reasoning_content'") as err:
+        shipped({"messages": messages}, index=2)
+    assert err.value.reason == "template_drops_content"
+    training = build_encoder(qwen, format="messages", chat_template=(TEMPLATES / "qwen3_training.jinja").read_text())
+    out = training({"messages": messages})
     assert [qwen.decode(r) for r in trained_runs(out["labels"])] == [
-        "A.<|im_end|>\n",
+        "<think>\nthink 1\n</think>\n\nA.<|im_end|>\n",
         "<think>\nthink 1\n</think>\n\nB.<|im_end|>\n",
     ]
 
@@ -106,7 +110,7 @@ END_BY_LOOP_LAST = (
 )
 # DeepSeek-R1's way: the generation prompt forces `<think>\n`, which the history of past replies does not keep.
 THINK_PROMPT_NOT_KEPT = (
-    "{{ bos_token }}{%- for m in messages %}{%- if m.role == 'user' %}<｜User｜>{{ m.content }}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}<｜User｜>{{ m.content }}"
     "{%- else %}<｜Assistant｜>{G}{{ m.content }}<｜end▁of▁sentence｜>{/G}{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<｜Assistant｜><think>\n{%- endif %}"
 )
@@ -123,9 +127,9 @@ def test_labels_equal_the_generation_mask_of_the_marked_variant(qwen, template):
     marked = template.replace("{G}", "{% generation %}").replace("{/G}", "{% endgeneration %}")
     replies = ["<b>Paris</b>.", "Since 1793.", "<i>A palace</i>, then a museum."]
     questions = ["Where is the Louvre?", "How old is the museum?", "One line?"]
-    messages = [m for q, r in zip(questions, replies, strict=True) for m in (
-        {"role": "user", "content": q}, {"role": "assistant", "content": r}
-    )]
+    messages = []
+    for question, reply in zip(questions, replies, strict=True):
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
     out = build_encoder(qwen, format="messages", chat_template=plain)({"messages": messages}, index=0)
     reference = qwen.apply_chat_template(
         messages, chat_template=marked, return_dict=True, return_assistant_tokens_mask=True
@@ -197,22 +201,30 @@ def _agreement_tool():
     return module
 
 
+# A reasoning conversation refused because the template renders no reasoning, or only the last turn's.
+REASONING_DROPPED = "'reasoning_content' is not in the rendered reply"
+
+
+def _check_refusals(details, allowed: set[str]) -> None:
+    """Refused rows, each documented (docs/data.md): templates in `allowed` (Phi-3/3.5 drop tool messages;
+    Diffusion-Gemma writes a tool-calling reply's content after the tool responses), and, in the reasoning kind, the
+    templates that drop reasoning."""
+    refused = [(name, kind, detail) for name, kind, _, outcome, detail in details if outcome == "refused"]
+    assert {name for name, kind, _ in refused if kind != "reasoning"} <= allowed, refused
+    assert all(REASONING_DROPPED in detail for _, kind, detail in refused if kind == "reasoning"), refused
+
+
 def test_labels_agree_with_every_trl_training_template(qwen):
     """Every `*_training.jinja` of the installed trl whose base renders the same text, four kinds of conversations
-    (docs/data.md has the table and the reason for each remaining difference)."""
+    (docs/data.md has the table and the reason for each remaining difference). Most templates render no reasoning,
+    or only the last turn's, so fewer reasoning conversations are compared than others."""
     tool = _agreement_tool()
     result = tool.measure(qwen, TEMPLATES)
     for kind, counts in result["counts"].items():
         compared = counts["agree"] + counts["differ"]
-        assert compared >= 30 and counts["agree"] / compared >= 0.98, (kind, counts, result["details"])
+        assert compared >= (12 if kind == "reasoning" else 30), (kind, counts, result["details"])
         assert counts["differ"] == 0, result["details"]
-    # Refused rows, each documented: Phi-3/3.5 drop tool messages; Diffusion-Gemma writes a tool-calling reply's
-    # content after the tool responses.
-    assert {name for name, _, _, outcome, _ in result["details"] if outcome == "refused"} <= {
-        "phi3",
-        "phi3_5",
-        "diffusion_gemma",
-    }
+    _check_refusals(result["details"], {"phi3", "phi3_5", "diffusion_gemma"})
 
 
 def test_labels_agree_with_every_trl_training_template_on_real_rows(qwen, shared_data, monkeypatch):
@@ -223,9 +235,9 @@ def test_labels_agree_with_every_trl_training_template_on_real_rows(qwen, shared
     result = tool.measure(qwen, TEMPLATES, shared=shared_data)
     for kind, counts in result["counts"].items():
         compared = counts["agree"] + counts["differ"]
-        assert compared >= 200 and counts["agree"] / compared >= 0.98, (kind, counts, result["details"][:5])
+        assert compared >= (40 if kind == "reasoning" else 200), (kind, counts, result["details"][:5])
         assert counts["differ"] == 0, [d for d in result["details"] if d[3] == "differ"][:5]
-    assert {name for name, _, _, outcome, _ in result["details"] if outcome == "refused"} <= {"phi3", "phi3_5"}
+    _check_refusals(result["details"], {"phi3", "phi3_5"})
 
     generated_spans = tool.ChatRenderer.generated_spans
 
