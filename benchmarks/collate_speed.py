@@ -17,9 +17,9 @@ import torch
 import transformers
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.bench import load_profile
 from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
 from flatcollate.bench.scripts import CLOCKS, add_repeat_arguments, positive_int, script_parser, write_results
+from flatcollate.profiles import load_profile
 
 COLLATORS = ("flatcollate", "transformers", "trl")
 

@@ -71,7 +71,7 @@ def make_dataset(case: Case):
     import datasets
     import pyarrow as pa
 
-    from flatcollate.bench import load_profile
+    from flatcollate.profiles import load_profile
 
     prompt, completion = load_profile(case.profile).sample(case.num_sequences, seed=case.seed)
     lengths = -(-np.minimum(prompt + completion, case.pack_len * case.divisor) // case.divisor)

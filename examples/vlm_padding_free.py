@@ -38,9 +38,9 @@ from transformers import (
 )
 
 from flatcollate import prepare_model_for_flattening
-from flatcollate.bench.profiles import padded_fill
 from flatcollate.data import make_supervised_dataset
 from flatcollate.models.vision import tiny_vision_config
+from flatcollate.profiles import padded_fill
 from flatcollate.vision import (
     VisionDataCollatorWithFlattening,
     images_only,

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 _SOURCES = {
     "IGNORE_INDEX": "_conventions",
-    "load_profile": "bench",
+    "load_profile": "profiles",
     "run_throughput": "bench",
     "CheckReport": "check",
     "check_model": "check",

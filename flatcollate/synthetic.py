@@ -20,7 +20,7 @@ def synthetic_sft_dataset(
 
     Args:
         num_examples (`int`): rows to make.
-        profile (`str`): a length profile of `flatcollate.bench.load_profile` (`"gsm8k"`, `"flan"`, ...).
+        profile (`str`): a length profile of `flatcollate.profiles.load_profile` (`"gsm8k"`, `"flan"`, ...).
         vocab_size (`int`): ids are drawn from `[0, vocab_size)`, never from the template's ids.
         seed (`int`): the same seed gives the same rows.
         response_template (`list[int]`, *optional*): ids inserted between prompt and completion (for the
@@ -35,7 +35,7 @@ def synthetic_sft_dataset(
     >>> len(row["input_ids"]) == len(row["labels"]), row["labels"][0]
     (True, -100)
     """
-    from .bench import load_profile
+    from .profiles import load_profile
 
     prompt_lengths, completion_lengths = load_profile(profile).sample(num_examples, seed=seed)
     template = list(response_template or [])

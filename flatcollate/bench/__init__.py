@@ -1,4 +1,5 @@
-"""Benchmarks of padding-free training: realistic length profiles, throughput and memory per collation mode.
+"""Benchmarks of padding-free training: throughput, memory and MFU per collation mode, on batches drawn from the
+length profiles of `flatcollate.profiles`.
 
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch.
 
@@ -6,7 +7,7 @@ The DPO benchmark (`dpo`, `flatcollate bench --task dpo`) trains TRL's trainers;
 trl) only inside the worker that trains; so does the reward benchmark (`reward`, `flatcollate bench --task reward`).
 
 Imports from flatcollate: `flatcollate` (its version), `_conventions`, `_lazy`, `cli`, `attention`, `data`, `modeling`,
-`models`, `vision`, `check`, `integrations`, `synthetic`.
+`models`, `vision`, `check`, `integrations`, `synthetic`, `profiles`.
 """
 
 from .._lazy import lazy_exports
@@ -15,19 +16,12 @@ _SOURCES = {
     "MODES": "config",
     "DPOBenchConfig": "config",
     "ThroughputConfig": "config",
-    "PairProfile": "pair_profile",
-    "available_pair_profiles": "config",
-    "load_pair_profile": "pair_profile",
     "run_dpo_bench": "dpo",
     "run_reward_bench": "reward",
     "write_dpo_report": "dpo_report",
     "SyntheticSequences": "batches",
     "step_batches": "batches",
     "synthetic_sequences": "batches",
-    "LengthProfile": "length_profile",
-    "available_profiles": "profiles",
-    "load_profile": "profiles",
-    "padded_fill": "profiles",
     "markdown_table": "report",
     "summary_text": "report",
     "write_report": "report",
@@ -38,16 +32,9 @@ _SOURCES = {
 __all__ = [
     "MODES",
     "DPOBenchConfig",
-    "LengthProfile",
-    "PairProfile",
     "SyntheticSequences",
     "ThroughputConfig",
-    "available_pair_profiles",
-    "available_profiles",
-    "load_pair_profile",
-    "load_profile",
     "markdown_table",
-    "padded_fill",
     "run_dpo_bench",
     "run_reward_bench",
     "run_throughput",

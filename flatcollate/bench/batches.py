@@ -23,9 +23,8 @@ import torch
 import transformers
 
 from .._conventions import IGNORE_INDEX
+from ..profiles.length_profile import LengthProfile
 from .config import MODES, PEER_MODE
-from .length_profile import LengthProfile
-from .profiles import padded_fill
 
 __all__ = [
     "MODES",
@@ -34,7 +33,6 @@ __all__ = [
     "default_pack_len",
     "has_packing",
     "pad_batch",
-    "padded_fill",
     "real_tokens",
     "slot_tokens",
     "step_batches",
@@ -76,7 +74,7 @@ def synthetic_sequences(
 ) -> SyntheticSequences:
     """Draw `n` sequences: lengths from `profile`, ids uniform in `[1, vocab_size)` (0 is left for padding).
 
-    >>> from flatcollate.bench import load_profile
+    >>> from flatcollate.profiles import load_profile
     >>> seqs = synthetic_sequences(load_profile("gsm8k"), 4, max_length=64, vocab_size=100, seed=0)
     >>> int(seqs.lengths.max()) <= 64, seqs.tokens.shape == (int(seqs.lengths.sum()),)
     (True, True)

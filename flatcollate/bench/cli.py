@@ -19,7 +19,8 @@ from ..cli import HelpFormatter, UsageError
 
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
-from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig, available_pair_profiles, available_profiles
+from ..profiles.names import available_pair_profiles, available_profiles
+from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig
 from .options import check_attn, check_heads, check_memory, check_pack_len, check_profile, check_writable
 from .overrides import check_overrides, parse_overrides
 

@@ -1,10 +1,9 @@
-"""What the benchmarks measure, as plain data: the modes, the default CPU model, `ThroughputConfig`, the named length
-profiles. Nothing here imports torch or transformers, so `flatcollate bench --help` builds its options from these
-defaults at once.
+"""What the benchmarks measure, as plain data: the modes, the default CPU model, `ThroughputConfig`, and the names of
+the length profiles (`flatcollate.profiles.names`). Nothing here imports torch or transformers, so `flatcollate bench
+--help` builds its options from these defaults at once.
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 MODES = ("padded", "padded_max", "hf_flattened", "flattened", "packed")
 """Benchmark modes, in the order they are reported."""
@@ -12,32 +11,8 @@ MODES = ("padded", "padded_max", "hf_flattened", "flattened", "packed")
 PEER_MODE = "hf_flattened"
 """transformers' own padding-free path: its `DataCollatorWithFlattening` and the model's `sdpa`, no flatcollate."""
 
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-"""Folder of the named profiles shipped with the package."""
-
-PAIR_PROFILES_DIR = PROFILES_DIR / "pairs"
-"""Folder of the named pair profiles (prompt, chosen and rejected lengths of preference pairs)."""
-
 MAX_IMAGES = 3
 """Images per example of the vision profile are uniform on `0..MAX_IMAGES` by default."""
-
-
-def available_profiles() -> list[str]:
-    """Names of the profiles shipped with the package.
-
-    >>> available_profiles()
-    ['code_alpaca', 'flan', 'gsm8k', 'hh_rlhf']
-    """
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
-
-
-def available_pair_profiles() -> list[str]:
-    """Names of the pair profiles shipped with the package (`flatcollate bench --task dpo`).
-
-    >>> available_pair_profiles()
-    ['hh_rlhf']
-    """
-    return sorted(p.stem for p in PAIR_PROFILES_DIR.glob("*.json"))
 
 
 CPU_MODEL = {
@@ -65,7 +40,7 @@ class ThroughputConfig:
         tiny (`bool`): shrink the config with `flatcollate.models.tiny_config` and apply `model_overrides`; `False`
             keeps the config's own sizes (with `model_overrides` applied), e.g. a 0.5B Qwen shape on a GPU.
         model_overrides (`dict`): config attributes to set.
-        profile (`str`): a named length profile or a path (see `flatcollate.bench.load_profile`).
+        profile (`str`): a named length profile or a path (see `flatcollate.profiles.load_profile`).
         batch_size (`int`): sequences per optimizer step in `padded`, `padded_max` and `flattened`.
         max_length (`int`): longer sequences are truncated to it (counted in the results); `padded_max` pads to it.
         steps (`int`): optimizer steps of one timed pass in the batch modes; `packed` trains on the same sequences.

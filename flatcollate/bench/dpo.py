@@ -1,5 +1,5 @@
 """DPO training throughput and peak memory: `trl.DPOTrainer` on padded batches against `FlatDPOTrainer` on flattened
-rows, on preference pairs whose lengths follow a real pair profile (`flatcollate.bench.pair_profile`).
+rows, on preference pairs whose lengths follow a real pair profile (`flatcollate.profiles.pair_profile`).
 
 Every run of a trainer is a fresh process (`python -m flatcollate.bench.dpo --worker <payload>`,
 `flatcollate.bench.repeats`): it builds the model from the seed (a tiny random-weight causal LM by default), its

@@ -71,7 +71,7 @@ def validate_dpo(config: DPOBenchConfig, out_dir: str | Path, *, set_keys: set[s
     import torch
 
     from ..check.options import validate_model_argument
-    from .pair_profile import load_pair_profile
+    from ..profiles.pair_profile import load_pair_profile
 
     if importlib.util.find_spec("trl") is None:
         raise UsageError(f"--task {task} trains with {TRAINERS[task][0]}, and trl is not installed: pip install trl.")

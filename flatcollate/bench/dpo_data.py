@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..profiles.pair_profile import load_pair_profile
 from .config import DPOBenchConfig
-from .pair_profile import load_pair_profile
 
 EOS_PER_REPLY = 1
 """Tokens TRL appends to every reply of a text (not conversational) dataset: the eos."""

@@ -10,7 +10,7 @@ from ..cli import UsageError
 
 def check_profile(profile: str) -> None:
     """Raise `UsageError` unless `profile` loads as a length profile (the message says what one is)."""
-    from .profiles import load_profile
+    from ..profiles.load import load_profile
 
     try:
         load_profile(profile)

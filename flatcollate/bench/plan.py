@@ -13,6 +13,7 @@ import numpy as np
 
 import flatcollate
 
+from ..profiles.load import load_profile, padded_fill
 from .batches import (
     SyntheticSequences,
     check_labelled,
@@ -22,7 +23,6 @@ from .batches import (
     synthetic_sequences,
 )
 from .config import ThroughputConfig
-from .profiles import load_profile, padded_fill
 
 PROFILE_FILL_SAMPLE = 20_000
 """Sequences drawn to estimate the profile's own padded real-token share."""

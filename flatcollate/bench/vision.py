@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from ..modeling.prepare import prepare_model_for_flattening
+from ..profiles.load import load_profile, padded_fill
 from ..vision import VisionDataCollatorWithFlattening
 from .batches import check_labelled
 from .memory import PeakMemory
 from .plan import PROFILE_FILL_SAMPLE
-from .profiles import load_profile, padded_fill
 from .repeats import Runner, run_repeats, serve_worker
 from .summary import summarize
 from .throughput import SETTLE_STEPS, bench_threads, resolve_device, settle, timed_pass

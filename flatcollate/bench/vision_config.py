@@ -36,7 +36,7 @@ class VisionBenchConfig:
     """What the vision profile measures.
 
     Args:
-        profile (`str`): length profile of the text (see `flatcollate.bench.load_profile`).
+        profile (`str`): length profile of the text (see `flatcollate.profiles.load_profile`).
         batch_size (`int`): examples per optimizer step in both modes.
         max_length (`int`): text longer than this is truncated (images are added on top, never cut).
         max_images (`int`): images per example are uniform on `0..max_images`.

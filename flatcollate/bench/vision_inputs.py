@@ -24,8 +24,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from .._conventions import IGNORE_INDEX
 from ..models.vision import TEXT_IDS
+from ..profiles.length_profile import LengthProfile
 from .batches import SyntheticSequences, synthetic_sequences
-from .length_profile import LengthProfile
 
 _PROCESSOR = Qwen2VLImageProcessorPil
 MIN_PIXELS: int = _PROCESSOR.size["shortest_edge"]
@@ -122,7 +122,7 @@ def draw_vision_pool(
 ) -> VisionPool:
     """Draw `n` examples: text from `profile` (ids in the tiny model's text range), images from `images`.
 
-    >>> from flatcollate.bench import load_profile
+    >>> from flatcollate.profiles import load_profile
     >>> pool = draw_vision_pool(load_profile("gsm8k"), 4, max_length=64, images=ImageDistribution(), seed=0)
     >>> bool((pool.lengths == pool.text.lengths + pool_lengths(pool.images, pool.grids)).all())
     True

@@ -13,14 +13,15 @@ import torch
 from transformers import AutoTokenizer
 
 from flatcollate.bench import dpo as dpo_module
-from flatcollate.bench.config import DPOBenchConfig, available_pair_profiles, available_profiles
+from flatcollate.bench.config import DPOBenchConfig
 from flatcollate.bench.dpo import check_dpo_config
 from flatcollate.bench.dpo_cli import dpo_command_line, dpo_config_from_args
 from flatcollate.bench.dpo_data import PairDraw, draw_pairs, padded_pair_tokens, pair_texts
 from flatcollate.bench.dpo_report import DPO_REPORT_FILES
-from flatcollate.bench.make_profiles import make_pair_profiles
-from flatcollate.bench.pair_profile import load_pair_profile, split_pair
 from flatcollate.cli import build_parser, main
+from flatcollate.profiles import available_pair_profiles, available_profiles
+from flatcollate.profiles.make import make_pair_profiles
+from flatcollate.profiles.pair_profile import load_pair_profile, split_pair
 
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from flatcollate.bench import LengthProfile, available_profiles, load_profile, padded_fill
-from flatcollate.bench.make_profiles import SOURCES, make_profiles
+from flatcollate.profiles import LengthProfile, available_profiles, load_profile, padded_fill
+from flatcollate.profiles.make import SOURCES, make_profiles
 
 STATS_KEY = {"flan": "t0", "gsm8k": "gsm8k", "code_alpaca": "code_alpaca", "hh_rlhf": "hh"}
 

@@ -16,8 +16,8 @@ from flatcollate.bench.config import DPOBenchConfig
 from flatcollate.bench.dpo_cli import dpo_command_line, dpo_config_from_args
 from flatcollate.bench.dpo_data import PairDraw, draw_pairs, padded_pair_tokens, reward_texts
 from flatcollate.bench.dpo_report import REWARD_REPORT_FILES
-from flatcollate.bench.pair_profile import load_pair_profile
 from flatcollate.cli import build_parser, main
+from flatcollate.profiles.pair_profile import load_pair_profile
 
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]

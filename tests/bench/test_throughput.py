@@ -14,7 +14,6 @@ from flatcollate.bench import throughput as throughput_module
 from flatcollate.bench.batches import (
     MODES,
     pad_batch,
-    padded_fill,
     real_tokens,
     slot_tokens,
     step_batches,
@@ -22,10 +21,10 @@ from flatcollate.bench.batches import (
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
 from flatcollate.bench.plan import PROFILE_FILL_SAMPLE
-from flatcollate.bench.profiles import LengthProfile, load_profile
 from flatcollate.bench.report import REPORT_FILES, headline_lines, markdown_table, summary_text, write_report
 from flatcollate.bench.summary import cpu_name, headline
 from flatcollate.bench.throughput import MAX_SETTLE_PASSES, ThroughputConfig, run_throughput
+from flatcollate.profiles import LengthProfile, load_profile, padded_fill
 
 TINY = {
     "hidden_size": 32,

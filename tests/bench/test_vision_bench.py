@@ -12,7 +12,6 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 
 from flatcollate.bench.batches import real_tokens, slot_tokens
 from flatcollate.bench.cli import register_cli
-from flatcollate.bench.profiles import load_profile
 from flatcollate.bench.vision import measure_vision_mode, run_vision_bench
 from flatcollate.bench.vision_config import VisionBenchConfig, build_vision_model, vision_config_from_json
 from flatcollate.bench.vision_inputs import (
@@ -26,6 +25,7 @@ from flatcollate.bench.vision_inputs import (
 )
 from flatcollate.bench.vision_report import VISION_REPORT_FILES, vision_summary_text, write_vision_report
 from flatcollate.cli import UsageError
+from flatcollate.profiles import load_profile
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
 SMALL_PIXELS = 28 * 28 * 12  # at most 12 image tokens per image

@@ -1,9 +1,9 @@
 """Length profiles: how long the prompts and completions of a dataset are, so benchmarks can draw realistic batches.
 
-A profile (`flatcollate.bench.length_profile.LengthProfile`) is a joint histogram of `(prompt_length,
+A profile (`flatcollate.profiles.length_profile.LengthProfile`) is a joint histogram of `(prompt_length,
 completion_length)`; this module finds one by name or builds one from your own data, and measures what padding costs.
 
-Named profiles ship with the package (`flatcollate/bench/profiles/*.json`), derived from real datasets tokenized with
+Named profiles ship with the package (`flatcollate/profiles/data/*.json`), derived from real datasets tokenized with
 the Qwen2.5 tokenizer (no chat template): "flan", "gsm8k", "code_alpaca", "hh_rlhf". `load_profile` also reads your
 own data: a tokenized dataset saved with `datasets.Dataset.save_to_disk` (`input_ids` and `labels`), or a file of
 lengths (JSON or text).
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .._conventions import IGNORE_INDEX
-from .config import PROFILES_DIR, available_profiles
 from .length_profile import LengthProfile
+from .names import PROFILES_DIR, available_profiles
 
 
 def padded_fill(lengths, *, batch_size: int) -> float:

@@ -1,9 +1,9 @@
-"""Re-create the named length profiles in `flatcollate/bench/profiles/` from the shared data.
+"""Re-create the named length profiles in `flatcollate/profiles/data/` from the shared data.
 
-Usage: `python -m flatcollate.bench.make_profiles /path/to/shared/data`. The SFT profiles come from length files holding
+Usage: `python -m flatcollate.profiles.make /path/to/shared/data`. The SFT profiles come from length files holding
 one `[prompt, completion]` token-length row per example (Qwen2.5 tokenizer, no chat template); only the binned
-histograms are written. The pair profiles (`profiles/pairs/`) are counted here from the preference transcripts with
-the tokenizer named in `PAIR_SOURCES` (`flatcollate.bench.pair_profile`); only the length triples are written.
+histograms are written. The pair profiles (`data/pairs/`) are counted here from the preference transcripts with
+the tokenizer named in `PAIR_SOURCES` (`flatcollate.profiles.pair_profile`); only the length triples are written.
 """
 
 import argparse
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PAIR_PROFILES_DIR, PROFILES_DIR
 from .length_profile import LengthProfile
+from .names import PAIR_PROFILES_DIR, PROFILES_DIR
 from .pair_profile import pair_profile_from_transcripts
 
 SOURCES = {

@@ -2,7 +2,7 @@
 DPO benchmark can draw batches whose padding is that of the real data.
 
 A pair profile stores the length triples themselves, no text. The one shipped with the package, "hh_rlhf"
-(`flatcollate/bench/profiles/pairs/hh_rlhf.json`), holds the pairs of Anthropic's HH-RLHF (harmless-base, test split),
+(`flatcollate/profiles/data/pairs/hh_rlhf.json`), holds the pairs of Anthropic's HH-RLHF (harmless-base, test split),
 each transcript split at its last assistant turn::
 
     chosen    "\\n\\nHuman: Hi\\n\\nAssistant: Hello!\\n\\nHuman: A joke?\\n\\nAssistant: No."
@@ -10,7 +10,7 @@ each transcript split at its last assistant turn::
               |<------------------- prompt (shared head + marker) ------------>|<- reply ->|
 
 and counted with Qwen2.5's tokenizer, without special tokens (TRL appends the eos to each reply when it trains;
-`flatcollate.bench.dpo_data` adds it). `python -m flatcollate.bench.make_profiles <data folder>` re-creates it.
+`flatcollate.bench.dpo_data` adds it). `python -m flatcollate.profiles.make <data folder>` re-creates it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import PAIR_PROFILES_DIR, available_pair_profiles
+from .names import PAIR_PROFILES_DIR, available_pair_profiles
 
 PAIR_FORMAT = "flatcollate.pair_lengths/1"
 ASSISTANT = "\n\nAssistant:"
