@@ -44,7 +44,9 @@ class RowError(ValueError):
     """
 
     def __init__(self, message: str, *, reason: str):
-        super().__init__(f"{message} To count and skip such rows instead, pass on_error=\"skip\".")
+        if "on_error" not in message:  # every row error names the option that skips such rows
+            message += ' To count and skip such rows instead, pass on_error="skip".'
+        super().__init__(message)
         self.reason = reason
 
 
