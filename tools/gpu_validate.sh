@@ -10,7 +10,8 @@
 #      gradients, bf16) -- these skip without CUDA or without the kernel -- plus the reference-kernel model proofs;
 #   3. `flatcollate check` per family: in fp32 on the CPU, and on CUDA in bf16 (through the real kernels, with the
 #      tolerance from the bf16 per-sequence run's own error);
-#   4. `flatcollate bench --device cuda --dtype bfloat16`.
+#   4. `flatcollate bench --device cuda --dtype bfloat16`, three repeats of padded, hf_flattened and flattened.
+# It ends with one screen on stdout: each step's verdict and the time so far, the bench's headline, the report's path.
 # Exit status: 0 when every step passed, 1 when one failed, 2 without a CUDA device (steps 1-3 still run).
 set -u -o pipefail
 
@@ -19,6 +20,7 @@ PYTHON=${PYTHON:-python}
 FAMILIES=${FAMILIES:-llama qwen2 mistral gemma2}
 BENCH_OUT=${BENCH_OUT:-gpu-validate-bench}
 STATUS=0
+SUMMARY=()
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 
@@ -32,6 +34,7 @@ step() {
     "$@" >"$LOG" 2>&1
     local code=$?
     [ "$code" -eq 0 ] || STATUS=1
+    SUMMARY+=("$([ "$code" -eq 0 ] && echo "ok    " || echo "FAILED") $title ($SECONDS s so far)")
     {
         echo "## $title"
         echo
@@ -85,13 +88,18 @@ for family in $FAMILIES; do
 done
 
 if [ "$HAS_CUDA" -eq 1 ]; then
+    # Three repeats of the three modes that make the headline: nine fresh processes, a few minutes on one GPU.
     step "flatcollate bench (CUDA, bf16)" "$PYTHON" -m flatcollate bench --device cuda --dtype bfloat16 \
-        --out-dir "$BENCH_OUT" --no-progress
+        --repeats 3 --modes padded hf_flattened flattened --out-dir "$BENCH_OUT" --no-progress
+    BENCH_HEADLINE=$(tail -n 4 "$LOG")
     echo "Bench tables and plots: \`$BENCH_OUT/\`." >>"$REPORT"
 else
     echo "## No CUDA device: the real-kernel tests skipped and the bench did not run." >>"$REPORT"
     [ "$STATUS" -eq 0 ] && STATUS=2
 fi
 
-echo "Report: $REPORT (exit status $STATUS)" >&2
+# One screen: every step's verdict, the bench's headline, where the details are.
+printf '%s\n' "${SUMMARY[@]}"
+[ -n "${BENCH_HEADLINE:-}" ] && printf '\n%s\n' "$BENCH_HEADLINE"
+echo "Report: $REPORT (exit status $STATUS, $SECONDS s)"
 exit "$STATUS"
