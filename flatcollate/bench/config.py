@@ -113,3 +113,24 @@ class DPOBenchConfig:
     device: str = "auto"
     dtype: str = "float32"
     threads: int | None = None
+
+
+TASKS = {
+    "dpo": {
+        "name": "DPO",
+        "padded": "DPOTrainer",
+        "flattened": "FlatDPOTrainer",
+        "args": "DPOConfig",
+        "model": "a reference copy",
+        "step": "collation, reference and policy forwards, backward, optimizer",
+    },
+    "reward": {
+        "name": "Reward",
+        "padded": "RewardTrainer",
+        "flattened": "FlatRewardTrainer",
+        "args": "RewardConfig",
+        "model": "one score per sequence (num_labels=1)",
+        "step": "collation, forward, backward, optimizer",
+    },
+}
+"""The names a DPO or reward result is reported with."""

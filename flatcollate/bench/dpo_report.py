@@ -8,9 +8,9 @@ from pathlib import Path
 from matplotlib.figure import Figure  # no pyplot: the user's backend and global figure state stay untouched
 from matplotlib.ticker import MaxNLocator
 
-from .repeats import format_ratio, format_spread
-from .report import format_mib, format_parameters
-from .summary import NOISY_SPREAD
+from .config import TASKS
+from .repeats import format_spread
+from .report import format_mib, format_parameters, format_repeat_ratio, headline_lines
 
 DPO_REPORT_FILES = ("dpo.json", "dpo.md", "dpo.png")
 """What `write_dpo_report` puts in its output folder for a DPO result."""
@@ -18,25 +18,6 @@ DPO_REPORT_FILES = ("dpo.json", "dpo.md", "dpo.png")
 REWARD_REPORT_FILES = ("reward.json", "reward.md", "reward.png")
 """What `write_dpo_report` puts in its output folder for a reward result."""
 
-TASKS = {
-    "dpo": {
-        "name": "DPO",
-        "padded": "DPOTrainer",
-        "flattened": "FlatDPOTrainer",
-        "args": "DPOConfig",
-        "model": "a reference copy",
-        "step": "collation, reference and policy forwards, backward, optimizer",
-    },
-    "reward": {
-        "name": "Reward",
-        "padded": "RewardTrainer",
-        "flattened": "FlatRewardTrainer",
-        "args": "RewardConfig",
-        "model": "one score per sequence (num_labels=1)",
-        "step": "collation, forward, backward, optimizer",
-    },
-}
-"""The names a DPO or reward result is reported with."""
 
 
 def task_names(result: dict) -> dict[str, str]:
@@ -66,7 +47,7 @@ def dpo_markdown_table(result: dict) -> str:
     ]
     for mode, row in result["modes"].items():
         ratios = [result["ratio"][key] for key in ("tokens_per_s", "tokens_per_cpu_s")]
-        ratio, cpu_ratio = ("1.00", "1.00") if mode == "padded" else map(format_ratio, ratios)
+        ratio, cpu_ratio = ("1.00", "1.00") if mode == "padded" else map(format_repeat_ratio, ratios)
         lines.append(
             f"| {mode} | {format_spread(row['tokens_per_s'], 0)} | {ratio} | {cpu_ratio} "
             f"| {row['seconds_per_step']['median']:.3f} | {format_mib(row['peak_memory_bytes'])} "
@@ -116,24 +97,6 @@ def legend_lines(result: dict) -> list[str]:
     return lines
 
 
-def headline_lines(result: dict) -> list[str]:
-    """The figure to quote, and a warning when the repeats disagree too much to trust it."""
-    ratio, cpu = result["ratio"]["tokens_per_s"], result["ratio"]["tokens_per_cpu_s"]
-    names = task_names(result)
-    lines = [
-        f"{names['flattened']} trains {ratio['of_medians']:.2f}x the real tokens per second of {names['padded']} "
-        f"(range {ratio['min']:.2f}-{ratio['max']:.2f} within {ratio['n']} repeats; per CPU second {format_ratio(cpu)})"
-    ]
-    relative = (ratio["max"] - ratio["min"]) / ratio["median"]
-    if relative > NOISY_SPREAD:
-        lines += [
-            "",
-            f"WARNING: the repeats disagree by {relative:.0%} of the median: do not quote these figures. Other work "
-            "is competing for this machine; rerun when it is quieter, with more repeats (--repeats 9).",
-        ]
-    return lines
-
-
 def dpo_summary_text(result: dict) -> str:
     """What `flatcollate bench --task dpo|reward` prints: the command, the setup, the table with its legend, the loss
     agreement and, last, the headline."""
@@ -144,7 +107,7 @@ def dpo_summary_text(result: dict) -> str:
         f"loss per step, padded vs flattened over {gap['steps']} steps: max abs difference "
         f"{gap['max_abs_loss_diff']:.2e}"
     )
-    return "\n".join([*lines, "", *headline_lines(result)])
+    return "\n".join([*lines, "", *headline_lines(result)])  # the headline rule of every benchmark
 
 
 def write_dpo_report(result: dict, out_dir: str | Path) -> list[Path]:
@@ -169,7 +132,7 @@ def plot_dpo(result: dict, path: Path) -> None:
     medians = [s["median"] for s in spreads]
     errors = [[s["median"] - s["min"] for s in spreads], [s["max"] - s["median"] for s in spreads]]
     bars = left.bar(modes, medians, yerr=errors, capsize=4, color=["tab:blue", "tab:green"][: len(modes)])
-    ratio = result["ratio"]["tokens_per_s"]["of_medians"]
+    ratio = result["ratio"]["tokens_per_s"]["median"]  # the bars are wall-clock tokens/s
     labels = [
         f"{m:,.0f}" + (f"\n{ratio:.2f}x" if mode == "flattened" else "") for mode, m in zip(modes, medians, strict=True)
     ]

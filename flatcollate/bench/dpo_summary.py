@@ -2,8 +2,9 @@
 agreement (`flatcollate.bench.dpo.run_dpo_bench`'s result).
 
 Both trainers train the same real tokens per run (the pairs are drawn once from the seed), so real tokens per second
-is those tokens over the summed step times of a run; the ratio `flattened / padded` is given as the ratio of the
-medians (the figure to quote) with the min-max of the ratios taken within each repeat (`repeats.ratio_spread`).
+is those tokens over the summed step times of a run. The headline follows the rule of every benchmark
+(`summary.headline`: the median of the ratios taken within each repeat, on CPU seconds on a CPU); `ratio` keeps the
+ratio of the medians with the min-max of the within-repeat ratios (`repeats.ratio_spread`) for the JSON.
 """
 
 from dataclasses import asdict
@@ -11,10 +12,10 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from .config import DPO_MODES, DPOBenchConfig
+from .config import DPO_MODES, TASKS, DPOBenchConfig
 from .dpo_data import draw_pairs, padded_pair_tokens, profile_padding
 from .repeats import Repeats, ratio_spread, spread
-from .summary import cpu_name
+from .summary import cpu_name, headline
 
 
 def summarize_dpo(config: DPOBenchConfig, run: Repeats, *, device: torch.device, task: str = "dpo") -> dict:
@@ -70,6 +71,9 @@ def summarize_dpo(config: DPOBenchConfig, run: Repeats, *, device: torch.device,
             "tokens_per_s": ratio_spread(tokens_per_s["flattened"], tokens_per_s["padded"]),
             "tokens_per_cpu_s": ratio_spread(tokens_per_cpu_s["flattened"], tokens_per_cpu_s["padded"]),
         },
+        "headline": headline(
+            run.figures, device, subject=TASKS[task]["flattened"], baseline=TASKS[task]["padded"]
+        ),
         "loss_equivalence": {
             "compared": list(DPO_MODES),
             "steps": len(run.first("padded", "losses")),

@@ -37,8 +37,8 @@ def markdown_table(result: dict) -> str:
     ]
     for mode, row in result["modes"].items():
         tps = row["tokens_per_s"]
-        ratio_text = _ratio(ratios.get(mode, {}).get("tokens_per_s"))
-        cpu_text = f" {_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
+        ratio_text = format_repeat_ratio(ratios.get(mode, {}).get("tokens_per_s"))
+        cpu_text = f" {format_repeat_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
         mfu_text = f" {row['mfu']:.1%} |" if with_mfu and row.get("mfu") is not None else " |" * with_mfu
         tflops = row.get("model_tflops_per_s")
         first = row.get("first_step_s")
@@ -97,8 +97,9 @@ def headline_lines(result: dict) -> list[str]:
     if head is None:
         return []
     ratio, repeats = head["flattened_vs_padded"], head["flattened_vs_padded"]["n"]
+    subject, baseline = head.get("subject", "flatcollate (flattened)"), head.get("baseline", "padded batches")
     lines = [
-        f"flatcollate (flattened) trains {ratio['median']:.2f}x the {head['metric']} of padded batches "
+        f"{subject} trains {ratio['median']:.2f}x the {head['metric']} of {baseline} "
         f"(range {ratio['min']:.2f}-{ratio['max']:.2f} over {repeats} repeats)"
     ]
     if head["peer_vs_padded"] is not None:
@@ -226,7 +227,12 @@ def format_parameters(model: dict) -> str:
     return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
 
 
-def _ratio(spread: dict | None) -> str:
+def format_repeat_ratio(spread: dict | None) -> str:
+    """A ratio taken within each repeat as `median (min-max)`, as the headline quotes it; `-` for none.
+
+    >>> format_repeat_ratio({"median": 2.5, "min": 2.31, "max": 2.62, "n": 5})
+    '2.50 (2.31-2.62)'
+    """
     return f"{spread['median']:.2f} ({spread['min']:.2f}-{spread['max']:.2f})" if spread else "-"
 
 

@@ -138,14 +138,25 @@ def _environment(device: torch.device, attn: str) -> dict:
     }
 
 
-def headline(runs: dict, device: torch.device) -> dict | None:
-    """flattened and hf_flattened over padded, and flattened over hf_flattened, each within a repeat; `noisy` when
-    the flattened ratio's spread exceeds `NOISY_SPREAD` of its median. None without `padded` and `flattened`."""
+def headline(
+    runs: dict,
+    device: torch.device,
+    *,
+    subject: str = "flatcollate (flattened)",
+    baseline: str = "padded batches",
+) -> dict | None:
+    """The one headline rule of every benchmark (SFT, image-text, DPO, reward): flattened over padded, and with
+    `hf_flattened` also it over padded and flattened over it, each the median of the ratios taken within each repeat,
+    on CPU seconds on a CPU (other work on a shared machine stretches wall-clock time far more) and on wall-clock
+    seconds on a GPU; `noisy` when the flattened ratio's spread exceeds `NOISY_SPREAD` of its median. `subject` and
+    `baseline` name the two sides in the printed headline. None without `padded` and `flattened`."""
     if "padded" not in runs or "flattened" not in runs:
         return None
     key = "cpu_s" if device.type == "cpu" else "step_s"
     flattened = _repeat_ratios(runs["flattened"], runs["padded"], key)
     result = {
+        "subject": subject,
+        "baseline": baseline,
         "metric": "real tokens per CPU second" if key == "cpu_s" else "real tokens per second",
         "flattened_vs_padded": flattened,
         "peer_vs_padded": None,

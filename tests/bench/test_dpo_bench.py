@@ -168,6 +168,7 @@ def test_smoke_run_reports_every_field(smoke):
         "ratio",
         "loss_equivalence",
         "command",
+        "headline",
     }
     assert list(result["modes"]) == ["padded", "flattened"]
     row_keys = {
@@ -190,6 +191,12 @@ def test_smoke_run_reports_every_field(smoke):
         assert set(ratio) == {"of_medians", "median", "min", "max", "n"} and ratio["n"] == 1
     assert result["environment"]["process_per_run"] is True and result["model"]["hidden_size"] == 32
     assert "| trainer | real tokens/s" in printed and f"command: `{result['command']}`" in printed
+    # the headline rule of every benchmark: CPU seconds on a CPU, the median of the within-repeat ratios
+    head = result["headline"]
+    assert head["metric"] == "real tokens per CPU second" and head["flattened_vs_padded"]["n"] == 1
+    expected = result["ratio"]["tokens_per_cpu_s"]["median"]
+    assert head["flattened_vs_padded"]["median"] == pytest.approx(expected)
+    assert f"FlatDPOTrainer trains {expected:.2f}x the real tokens per CPU second of DPOTrainer" in printed
 
 
 def test_smoke_run_trains_both_trainers_alike(smoke):

@@ -88,6 +88,7 @@ def test_smoke_run_reports_every_field(smoke):
     result, printed, out = smoke
     assert sorted(p.name for p in out.iterdir()) == sorted(REWARD_REPORT_FILES)
     assert set(result) == {"task", "config", "environment", "model", "pairs", "modes", "ratio", "loss_equivalence"} | {
+        "headline",
         "command"
     }
     assert result["task"] == "reward" and list(result["modes"]) == ["padded", "flattened"]
