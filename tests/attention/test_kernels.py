@@ -188,3 +188,32 @@ def test_the_block_mask_cache_is_keyed_by_device():
     on_meta = _document_block_mask(segments, 8, None, torch.device("meta"))
     assert on_cpu.kv_num_blocks.device.type == "cpu" and on_meta.kv_num_blocks.device.type == "meta"
     assert _document_block_mask(segments, 8, None, torch.device("cpu")).kv_num_blocks.device.type == "cpu"
+
+
+def test_flex_runs_on_fa4s_cute_kernels_where_torch_offers_them(monkeypatch):
+    from flatcollate.attention import capabilities, kernels
+
+    monkeypatch.setattr(capabilities, "HAS_FLEX_FLASH", True)
+    assert kernels.flex_kernel_options("cuda") == {"BACKEND": "FLASH"}
+    assert kernels.flex_kernel_options("cpu") is None  # eager CPU flex has no such backend
+    monkeypatch.setattr(capabilities, "HAS_FLEX_FLASH", False)
+    assert kernels.flex_kernel_options("cuda") is None
+    seen = []
+
+    def recording(*args, kernel_options=None, **kwargs):
+        seen.append(kernel_options)
+        return torch.zeros_like(args[0])
+
+    monkeypatch.setattr(kernels, "_flex_attention", lambda device_type: recording)
+    q = torch.zeros(6, 2, 8)
+    flex_kernel(
+        q,
+        q,
+        q,
+        PackedSegments(torch.tensor([0, 2, 6], dtype=torch.int32), 4),
+        scale=1.0,
+        window=None,
+        softcap=None,
+        dropout=0.0,
+    )
+    assert seen == [None]
