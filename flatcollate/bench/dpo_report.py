@@ -90,8 +90,9 @@ def legend_lines(result: dict) -> list[str]:
         "- real tokens/s counts the tokens of the 2N sequences (prompt + reply + eos), not padding, over the timed "
         "steps; a step runs from the end of the step before to its own end ("
         f"{names['step']})",
-        "- x padded: the ratio of the medians, with the min-max of the ratios taken within each repeat; CPU time: "
-        "the same on each process's CPU seconds, which other work on a shared machine disturbs less",
+        "- x padded: the median of the ratios taken within each repeat, with their min-max; CPU time: the same on "
+        "each process's CPU seconds, which other work on a shared machine disturbs less (the headline's figure on a "
+        "CPU)",
         f"- padding: pad tokens / all tokens of the (2N, L) batches {names['padded']} trains on",
     ]
     return lines
