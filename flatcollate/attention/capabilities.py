@@ -10,6 +10,7 @@ on or off with `monkeypatch.setattr(capabilities, "flash_attn_3_varlen_func", re
 kernels. A kernel function is `None` where it is not available.
 """
 
+import functools
 import importlib
 import inspect
 import typing
@@ -83,6 +84,7 @@ varlen_attn = _varlen_attn()
 `enable_gqa` (before it, the kernel took fewer key/value heads without being asked)."""
 
 
+@functools.lru_cache(maxsize=64)  # dispatch asks once per layer and forward; a signature does not change
 def parameters(function: Callable | None) -> frozenset[str]:
     """Names of `function`'s parameters (empty for None): how a kernel is called depends on its version.
 
@@ -132,7 +134,12 @@ def is_cuda_tensor(tensor: torch.Tensor) -> bool:
 
 def compute_capability(tensor: torch.Tensor) -> tuple[int, int]:
     """`(major, minor)` of the CUDA device of `tensor` (8 Ampere, 9 Hopper, 10 Blackwell); tests patch it."""
-    return torch.cuda.get_device_capability(tensor.device)
+    return _capability(tensor.device.index)
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def detected() -> dict[str, object]:
