@@ -99,17 +99,23 @@ def measure_dpo_mode(config: DPOBenchConfig, mode: str) -> dict:
         )
         _check_tokenized_lengths(trainer.train_dataset, draw)
         trainer.train()
-        return {
-            "step_s": clock.step_s,
-            "cpu_s": clock.cpu_s,
-            "losses": trainer.losses,
-            "optimizer_steps": trainer.state.global_step,
-            "peak_memory_bytes": clock.memory.peak(),
-            "added_memory_bytes": clock.added_memory(),
-            "gradient_checkpointing": bool(args.gradient_checkpointing),
-            "torch_threads": torch.get_num_threads(),
-            "model": model_summary(model),
-        }
+        return trainer_figures(trainer, clock, model)
+
+
+def trainer_figures(trainer, clock, model) -> dict:
+    """What a DPO or reward worker reports after `trainer.train()`: step and CPU seconds and peak memory of the timed
+    steps (`clock`), the losses and optimizer steps, and the model trained."""
+    return {
+        "step_s": clock.step_s,
+        "cpu_s": clock.cpu_s,
+        "losses": trainer.losses,
+        "optimizer_steps": trainer.state.global_step,
+        "peak_memory_bytes": clock.memory.peak(),
+        "added_memory_bytes": clock.added_memory(),
+        "gradient_checkpointing": bool(trainer.args.gradient_checkpointing),
+        "torch_threads": torch.get_num_threads(),
+        "model": model_summary(model),
+    }
 
 
 def build_dpo_model(config: DPOBenchConfig, *, device: torch.device):

@@ -2,7 +2,6 @@
 DPO or reward benchmark result (`flatcollate.bench.dpo.run_dpo_bench`, `flatcollate.bench.reward.run_reward_bench`);
 the result's `task` picks the names."""
 
-import json
 from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: the user's backend and global figure state stay untouched
@@ -10,7 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from .config import TASKS
 from .repeats import format_spread
-from .report import format_mib, format_parameters, format_repeat_ratio, headline_lines
+from .report import format_mib, format_parameters, format_repeat_ratio, headline_lines, write_files
 
 DPO_REPORT_FILES = ("dpo.json", "dpo.md", "dpo.png")
 """What `write_dpo_report` puts in its output folder for a DPO result."""
@@ -114,14 +113,8 @@ def dpo_summary_text(result: dict) -> str:
 def write_dpo_report(result: dict, out_dir: str | Path) -> list[Path]:
     """Write `DPO_REPORT_FILES` (`REWARD_REPORT_FILES` for a reward result) into `out_dir` (created if needed);
     returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     files = REWARD_REPORT_FILES if result.get("task") == "reward" else DPO_REPORT_FILES
-    paths = [out / name for name in files]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(dpo_summary_text(result) + "\n")
-    plot_dpo(result, paths[2])
-    return paths
+    return write_files(result, out_dir, files, dpo_summary_text, (plot_dpo,))
 
 
 def plot_dpo(result: dict, path: Path) -> None:

@@ -152,13 +152,19 @@ def legend_lines(result: dict) -> list[str]:
 
 def write_report(result: dict, out_dir: str | Path) -> list[Path]:
     """Write `REPORT_FILES` into `out_dir` (created if needed); returns their paths."""
+    return write_files(result, out_dir, REPORT_FILES, summary_text, (plot_throughput, plot_losses))
+
+
+def write_files(result: dict, out_dir: str | Path, names, summary, plots) -> list[Path]:
+    """The one writer of every benchmark's report: `names[0]` the result as JSON, `names[1]` `summary(result)`, and
+    each later name drawn by the plot function at the same place in `plots`; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / name for name in REPORT_FILES]
+    paths = [out / name for name in names]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(summary_text(result) + "\n")
-    plot_throughput(result, paths[2])
-    plot_losses(result, paths[3])
+    paths[1].write_text(summary(result) + "\n")
+    for plot, path in zip(plots, paths[2:], strict=True):
+        plot(result, path)
     return paths
 
 

@@ -19,12 +19,12 @@ from transformers import AutoModelForSequenceClassification
 
 from .build import build_on_device
 from .config import DPO_MODES, DPOBenchConfig
-from .dpo import StepClock, check_dpo_config, config_from_json, recording, trainer_options
+from .dpo import StepClock, check_dpo_config, config_from_json, recording, trainer_figures, trainer_options
 from .dpo_data import draw_pairs, reward_texts
 from .dpo_summary import summarize_dpo
 from .memory import PeakMemory
 from .repeats import Runner, run_repeats, serve_worker
-from .throughput import bench_threads, model_config, model_summary, resolve_device
+from .throughput import bench_threads, model_config, resolve_device
 
 WORKER = ("-m", "flatcollate.bench.reward")
 """How the parent starts a worker: `python -m flatcollate.bench.reward --worker <payload>`."""
@@ -68,17 +68,7 @@ def measure_reward_mode(config: DPOBenchConfig, mode: str) -> dict:
         )
         _check_tokenized_lengths(trainer.train_dataset, draw)
         trainer.train()
-        return {
-            "step_s": clock.step_s,
-            "cpu_s": clock.cpu_s,
-            "losses": trainer.losses,
-            "optimizer_steps": trainer.state.global_step,
-            "peak_memory_bytes": clock.memory.peak(),
-            "added_memory_bytes": clock.added_memory(),
-            "gradient_checkpointing": bool(args.gradient_checkpointing),
-            "torch_threads": torch.get_num_threads(),
-            "model": model_summary(model),
-        }
+        return trainer_figures(trainer, clock, model)
 
 
 def build_reward_model(config: DPOBenchConfig, *, device: torch.device):

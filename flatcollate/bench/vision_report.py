@@ -2,7 +2,6 @@
 profile (`flatcollate.bench.vision`)."""
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
@@ -10,7 +9,16 @@ import torch
 from ..cli import UsageError
 from .batches import UnlabelledBatch
 from .options import check_profile, check_writable
-from .report import format_mib, format_parameters, headline_lines, markdown_table, plot_losses, plot_throughput
+from .overrides import parse_overrides
+from .report import (
+    format_mib,
+    format_parameters,
+    headline_lines,
+    markdown_table,
+    plot_losses,
+    plot_throughput,
+    write_files,
+)
 from .vision import run_vision_bench
 from .vision_config import VISION_TEXT_MODEL, VisionBenchConfig, check_vision_config, vision_model_config
 
@@ -78,29 +86,14 @@ def vision_summary_text(result: dict) -> str:
 
 def write_vision_report(result: dict, out_dir: str | Path) -> list[Path]:
     """Write `VISION_REPORT_FILES` into `out_dir` (created if needed); returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / name for name in VISION_REPORT_FILES]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(vision_summary_text(result) + "\n")
-    plot_throughput(result, paths[2])
-    plot_losses(result, paths[3])
-    return paths
+    return write_files(result, out_dir, VISION_REPORT_FILES, vision_summary_text, (plot_throughput, plot_losses))
 
 
 def vision_config_from_args(args: argparse.Namespace) -> VisionBenchConfig:
     """`VisionBenchConfig` from parsed options; `UsageError` for an unknown `--set` key, a profile that does not load
     or a value the config refuses (`flatcollate.bench.cli` refuses the text-only options before)."""
 
-    text_model = dict(VISION_TEXT_MODEL)
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set hidden_size=256).")
-        try:
-            text_model[key] = json.loads(value)
-        except json.JSONDecodeError:
-            text_model[key] = value
+    text_model = parse_overrides(args.overrides, VISION_TEXT_MODEL)
     check_profile(args.profile)
     default = VisionBenchConfig()
     config = VisionBenchConfig(
