@@ -19,6 +19,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import numpy as np
@@ -198,18 +199,26 @@ def run_dpo_bench(config: DPOBenchConfig, *, progress: bool = True, runner: Runn
         steps; losses), `ratio` (flattened over padded: of the medians, min-max of the per-repeat ratios; on CPU
         seconds too) and `loss_equivalence`.
     """
+    return run_pair_task(config, WORKER, "dpo", progress=progress, runner=runner)
+
+
+def run_pair_task(
+    config: DPOBenchConfig, worker: Sequence[str], task: str, *, progress: bool, runner: Runner | None
+) -> dict:
+    """The DPO or reward benchmark (`task`): each (trainer, repeat) run by `python <worker> --worker ...` in a fresh
+    process, the trainers taking turns, summarized by `summarize_dpo`."""
     check_dpo_config(config)
     device = resolve_device(config.device)
     (run,) = run_repeats(
-        [sys.executable, *WORKER],
+        [sys.executable, *worker],
         [{"config": asdict(config)}],
         DPO_MODES,
         repeats=config.repeats,
-        label=lambda case: f"dpo {case['config']['profile']}",
+        label=lambda case: f"{task} {case['config']['profile']}",
         progress=progress,
         runner=runner,
     )
-    return summarize_dpo(config, run, device=device)
+    return summarize_dpo(config, run, device=device, task=task)
 
 
 def trainer_options(config, out: str, device) -> dict:

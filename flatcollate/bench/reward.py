@@ -11,7 +11,6 @@ agreement are those of the DPO benchmark (`dpo.StepClock`, `dpo_summary.summariz
 
 import sys
 import tempfile
-from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -19,11 +18,18 @@ from transformers import AutoModelForSequenceClassification
 
 from .build import build_on_device
 from .config import DPO_MODES, DPOBenchConfig
-from .dpo import StepClock, check_dpo_config, config_from_json, recording, trainer_figures, trainer_options
+from .dpo import (
+    StepClock,
+    check_dpo_config,
+    config_from_json,
+    recording,
+    run_pair_task,
+    trainer_figures,
+    trainer_options,
+)
 from .dpo_data import draw_pairs, reward_texts
-from .dpo_summary import summarize_dpo
 from .memory import PeakMemory
-from .repeats import Runner, run_repeats, serve_worker
+from .repeats import Runner, serve_worker
 from .throughput import bench_threads, model_config, resolve_device
 
 WORKER = ("-m", "flatcollate.bench.reward")
@@ -100,18 +106,7 @@ def run_reward_bench(config: DPOBenchConfig, *, progress: bool = True, runner: R
     Returns:
         `dict` (JSON-ready): as `dpo.run_dpo_bench`, with `task` `"reward"`.
     """
-    check_dpo_config(config)
-    device = resolve_device(config.device)
-    (run,) = run_repeats(
-        [sys.executable, *WORKER],
-        [{"config": asdict(config)}],
-        DPO_MODES,
-        repeats=config.repeats,
-        label=lambda case: f"reward {case['config']['profile']}",
-        progress=progress,
-        runner=runner,
-    )
-    return summarize_dpo(config, run, device=device, task="reward")
+    return run_pair_task(config, WORKER, "reward", progress=progress, runner=runner)
 
 
 if __name__ == "__main__":
