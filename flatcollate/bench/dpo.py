@@ -15,7 +15,6 @@ after the warm-up are timed; the peak memory is that of the timed steps.
 """
 
 import copy
-import math
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from .dpo_data import draw_pairs, pair_texts
 from .dpo_summary import summarize_dpo
 from .memory import PeakMemory
 from .repeats import Runner, run_repeats, serve_worker
-from .throughput import bench_threads, model_config, model_summary, resolve_device
+from .throughput import bench_threads, check_training_options, model_config, model_summary, resolve_device
 
 WORKER = ("-m", "flatcollate.bench.dpo")
 """How the parent starts a worker: `python -m flatcollate.bench.dpo --worker <payload>`."""
@@ -47,13 +46,7 @@ def check_dpo_config(config: DPOBenchConfig) -> None:
             raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
     if config.threads is not None and not (isinstance(config.threads, int) and config.threads >= 1):
         raise ValueError(f"`threads` must be a positive int or None, got {config.threads!r}.")
-    if not (math.isfinite(config.lr) and config.lr > 0):
-        raise ValueError(f"`lr` must be a positive, finite float, got {config.lr!r}.")
-    if config.device not in ("auto", "cpu", "cuda") or config.dtype not in ("float32", "bfloat16"):
-        raise ValueError(
-            f"`device` must be auto, cpu or cuda and `dtype` float32 or bfloat16, got {config.device!r}, "
-            f"{config.dtype!r}."
-        )
+    check_training_options(config)
 
 
 def config_from_json(data: dict) -> DPOBenchConfig:

@@ -197,6 +197,11 @@ def check_config(config: ThroughputConfig) -> None:
             raise ValueError(f"`{name}` must be a positive int{' or None' if optional else ''}, got {value!r}.")
     if not (isinstance(config.warmup_steps, int) and config.warmup_steps >= 0):
         raise ValueError(f"`warmup_steps` must be an int >= 0, got {config.warmup_steps!r}.")
+    check_training_options(config)
+
+
+def check_training_options(config) -> None:
+    """Raise `ValueError` for a learning rate, device or dtype no benchmark takes (every benchmark config has them)."""
     if not (math.isfinite(config.lr) and config.lr > 0):
         raise ValueError(f"`lr` must be a positive, finite float, got {config.lr!r}.")
     if config.device not in ("auto", "cpu", "cuda") or config.dtype not in ("float32", "bfloat16"):
