@@ -114,6 +114,7 @@ def test_detection_and_a_prepared_model_stay_exact(detect_with, monkeypatch, cas
     caught = detect_with(case)
     expected_kernel, broken = EXPECTED[case]
     assert tuple(capabilities.BROKEN) == broken
+    assert capabilities.HAS_FLEX_FLASH is (case == "flash_attn_4")  # torch 2.10+ flex on the CuTe kernels of FA4
     assert len([w for w in caught if "cannot be imported" in str(w.message)]) == (1 if broken else 0)
     _on_reference_hopper(monkeypatch)
     if capabilities.varlen_attn is not None:  # on CPU torch's varlen_attn cannot run: its reference stands in
@@ -168,3 +169,22 @@ def test_a_fresh_interpreter_imports_and_prepares(tmp_path, case):
     else:
         assert report["detected"]["broken"]["flash_attn"] == UNDEFINED_SYMBOL.split('"')[1]
         assert [w for w in report["warnings"] if "cannot be imported" in w] != []
+
+
+def test_the_hub_kernel_is_read_from_what_transformers_loaded(monkeypatch):
+    """transformers keeps the flash implementation it loaded in module globals; a Hub kernel there is dispatched."""
+    from transformers import modeling_flash_attention_utils as loaded
+
+    from flatcollate.attention.reference_flash_attn import flash_attn_3_varlen_func
+
+    hub = flash_attn_3_varlen_func()
+    monkeypatch.setattr(loaded, "_loaded_implementation", "kernels-community/vllm-flash-attn3", raising=False)
+    monkeypatch.setattr(loaded, "_flash_varlen_fn", hub, raising=False)
+    assert capabilities.transformers_varlen() == ("kernels-community/vllm-flash-attn3", hub)
+    _on_reference_hopper(monkeypatch)
+    for attribute in ("flash_attn_varlen_func", "flash_attn_3_varlen_func", "flash_attn_4_varlen_func"):
+        monkeypatch.setattr(capabilities, attribute, None)
+    assert select_kernel(torch.zeros(4, 2, 16, dtype=torch.bfloat16), softcap=None, dropout=0.0) == "hub"
+    assert select_kernel(torch.zeros(4, 2, 16, dtype=torch.bfloat16), softcap=None, dropout=0.1) != "hub"  # FA3 kind
+    monkeypatch.setattr(loaded, "_loaded_implementation", "flash_attention_2")  # a local package: detected directly
+    assert capabilities.transformers_varlen() is None
