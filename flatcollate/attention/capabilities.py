@@ -73,12 +73,7 @@ flash_attn_4_varlen_func = exposed("flash_attn.cute", "flash_attn_varlen_func")
 `learnable_sink`, returns `(out, lse)`."""
 
 
-def _varlen_attn() -> Callable | None:
-    """PyTorch's `varlen_attn` (2.10+); `varlen_attn_parameters` says which of its signatures is installed."""
-    return exposed("torch.nn.attention.varlen", "varlen_attn")
-
-
-varlen_attn = _varlen_attn()
+varlen_attn = exposed("torch.nn.attention.varlen", "varlen_attn")
 """`torch.nn.attention.varlen.varlen_attn` (CUDA, fp16/bf16, no softcap, no dropout). Its signature changed:
 2.10 `is_causal` (scale fixed at `D ** -0.5`, no windows), 2.11 keyword-only `scale` and `window_size`, 2.12
 `enable_gqa` (before it, the kernel took fewer key/value heads without being asked)."""

@@ -12,13 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from . import capabilities
+from .features import refuse_unless_computed
 from .length_batches import FromSlots, ToSlots, group_plan
 from .packed_segments import PackedSegments, host_boundaries
-
-
-def _refuse_sinks(kernel: str, sinks) -> None:
-    if sinks is not None:
-        raise ValueError(f"The `{kernel}` packed kernel has no attention sinks; use the `sdpa` packed kernel.")
 
 
 def _document_ids(segments: PackedSegments, total: int) -> torch.Tensor:
@@ -79,9 +75,7 @@ def flex_kernel_options(device_type: str) -> dict | None:
 
 def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """`flex_attention` with a document block mask (trains on CUDA; on CPU only without grad)."""
-    _refuse_sinks("flex", sinks)
-    if dropout:
-        raise ValueError("`flex_attention` has no dropout; set the model's attention dropout to 0 or use sdpa.")
+    refuse_unless_computed("flex", dropout=dropout, softcap=softcap, sinks=sinks)
     if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
         raise ValueError("`flex_attention` cannot train on CPU; use the `sdpa` packed kernel (the CPU default).")
 

@@ -29,6 +29,7 @@ them and flash-attn-4 imports.
 import torch
 
 from . import capabilities
+from .features import is_default_scale, lacking
 from .kernels import flex_kernel, sdpa_kernel
 from .varlen_kernels import (
     flash_attn_2_kernel,
@@ -63,6 +64,13 @@ _INSTALLED = {
 }
 
 
+_FLASH_ORDER = {
+    10: ("flash_attn_4", "flash_attn_3", "flash_attn_2"),
+    9: ("flash_attn_3", "flash_attn_4", "flash_attn_2"),
+    8: ("flash_attn_3", "flash_attn_2"),  # FA4 has no sm 8 backward
+}
+
+
 def kernel_order(major: int | None) -> tuple[str, ...]:
     """Kernels `auto` tries, fastest first, for a CUDA device of compute capability `major` (None: the CPU).
 
@@ -71,10 +79,9 @@ def kernel_order(major: int | None) -> tuple[str, ...]:
     """
     if major is None:
         return ("sdpa",)
-    flash = {10: ("flash_attn_4", "flash_attn_3", "flash_attn_2"), 9: ("flash_attn_3", "flash_attn_4", "flash_attn_2")}
     if major < 8:
         return ("flex", "sdpa")
-    return (*flash.get(min(major, 10), ("flash_attn_3", "flash_attn_2")), "hub", "torch_varlen", "flex", "sdpa")
+    return (*_FLASH_ORDER[min(major, 10)], "hub", "torch_varlen", "flex", "sdpa")
 
 
 def refusal(
@@ -96,32 +103,22 @@ def refusal(
         return None
     if major is None:
         return "needs CUDA tensors"
+    missing = lacking(name, dropout=dropout, softcap=softcap, sinks=sinks)
+    if missing:
+        return f"has no {' or '.join(missing)}"
     if name == "flex":
-        return "has no dropout" if dropout else "has no sinks" if sinks else None
+        return None
     if query.dtype not in HALF:
         return f"needs fp16/bf16, got {query.dtype}"
     if head_dim > 256 or (name != "flash_attn_2" and head_dim % 8):
         return f"cannot take head dim {head_dim}"
     if name == "flash_attn_4" and major >= 10 and head_dim > 128 and head_dim != 256:
         return f"cannot take head dim {head_dim} on sm {major}"
-    if name == "hub":
-        accepted = capabilities.parameters(capabilities.transformers_varlen()[1])
-        dropout_ok, softcap_ok = "dropout_p" in accepted, "softcap" in accepted
-        sinks_ok = bool({"learnable_sink", "s_aux"} & accepted)
-    else:
-        dropout_ok, softcap_ok = name == "flash_attn_2", name != "torch_varlen"
-        sinks_ok = name == "flash_attn_4"
-    if dropout and not dropout_ok:
-        return "has no dropout"
-    if softcap is not None and not softcap_ok:
-        return "has no soft-capping"
-    if sinks and not sinks_ok:
-        return "has no attention sinks"
     if name == "torch_varlen":
         accepted = capabilities.parameters(capabilities.varlen_attn)
         if window is not None and "window_size" not in accepted:
             return "this torch's varlen_attn has no window_size"
-        if scale is not None and abs(scale - head_dim**-0.5) > 1e-6 * scale and "scale" not in accepted:
+        if not is_default_scale(scale, head_dim) and "scale" not in accepted:
             return "this torch's varlen_attn has no scale"
     return None
 

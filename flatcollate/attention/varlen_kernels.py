@@ -12,9 +12,8 @@ Windows: transformers' `sliding_window=w` keeps the query and the `w - 1` keys b
 it `window_size=(w - 1, 0)` and "no window" `(-1, -1)`; FA4 spells "no window" `None` and reads `-1` literally.
 """
 
-import math
-
 from . import capabilities
+from .features import is_default_scale, refuse_unless_computed
 from .packed_segments import PackedSegments
 
 
@@ -36,17 +35,6 @@ def flash_window(window: int | None) -> tuple[int, int]:
     return (-1, -1) if window is None else (keys_before(window), 0)
 
 
-def refuse(kernel: str, *, dropout: float = 0.0, softcap: float | None = None, sinks=None, needs: str = "") -> None:
-    """Raise `ValueError` for what `kernel` cannot compute; `needs` lists what it lacks (`"dropout softcap sinks"`)."""
-    lacking = {"dropout": bool(dropout), "softcap": softcap is not None, "sinks": sinks is not None}
-    asked = [name for name in needs.split() if lacking[name]]
-    if asked:
-        raise ValueError(
-            f"The `{kernel}` packed kernel has no {' or '.join(asked)}; leave `backend='auto'` (it picks a kernel that "
-            "computes the layer) or force `backend='sdpa'`, which computes everything."
-        )
-
-
 def _varlen_call(query, key, value, segments: PackedSegments, scale: float) -> dict:
     """The keyword arguments FA2, FA3, FA4 and Hub kernels share."""
     return {
@@ -64,7 +52,7 @@ def _varlen_call(query, key, value, segments: PackedSegments, scale: float) -> d
 
 def flash_attn_2_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """flash-attn 2's `flash_attn_varlen_func` (CUDA, fp16/bf16, D <= 256): dropout and soft-capping, no sinks."""
-    refuse("flash_attn_2", sinks=sinks, needs="sinks")
+    refuse_unless_computed("flash_attn_2", dropout=dropout, softcap=softcap, sinks=sinks)
     return capabilities.flash_attn_varlen_func(
         **_varlen_call(query, key, value, segments, scale),
         dropout_p=dropout,
@@ -76,7 +64,7 @@ def flash_attn_2_kernel(query, key, value, segments: PackedSegments, *, scale, w
 def flash_attn_3_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """flash-attn 3's `flash_attn_interface.flash_attn_varlen_func` (Hopper first; fp16/bf16, D <= 256, a multiple of
     8): soft-capping, no dropout, no sinks."""
-    refuse("flash_attn_3", dropout=dropout, sinks=sinks, needs="dropout sinks")
+    refuse_unless_computed("flash_attn_3", dropout=dropout, softcap=softcap, sinks=sinks)
     return capabilities.flash_attn_3_varlen_func(
         **_varlen_call(query, key, value, segments, scale),
         window_size=flash_window(window),
@@ -87,7 +75,7 @@ def flash_attn_3_kernel(query, key, value, segments: PackedSegments, *, scale, w
 def flash_attn_4_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` (Hopper and Blackwell, fp16/bf16): soft-capping and
     attention sinks (`learnable_sink`), no dropout. It returns `(out, lse)`; the output is kept."""
-    refuse("flash_attn_4", dropout=dropout, needs="dropout")
+    refuse_unless_computed("flash_attn_4", dropout=dropout, softcap=softcap, sinks=sinks)
     out, _ = capabilities.flash_attn_4_varlen_func(
         **_varlen_call(query, key, value, segments, scale),
         window_size=(None, 0) if window is None else (keys_before(window), 0),
@@ -104,13 +92,11 @@ def hub_kernel(query, key, value, segments: PackedSegments, *, scale, window, so
     resolved = capabilities.transformers_varlen()
     if resolved is None:
         raise ValueError("transformers has loaded no Hub attention kernel; use `backend='auto'`.")
-    name, function = resolved
+    _, function = resolved
+    refuse_unless_computed("hub", dropout=dropout, softcap=softcap, sinks=sinks)
     accepted = capabilities.parameters(function)
     call = {**_varlen_call(query, key, value, segments, scale), "window_size": flash_window(window)}
-    refuse(name, dropout=dropout if "dropout_p" not in accepted else 0.0, needs="dropout")
-    refuse(name, softcap=softcap if "softcap" not in accepted else None, needs="softcap")
     sink_name = next((n for n in ("learnable_sink", "s_aux") if n in accepted), None)
-    refuse(name, sinks=sinks if sink_name is None else None, needs="sinks")
     if dropout:
         call["dropout_p"] = dropout
     if softcap is not None:
@@ -125,7 +111,7 @@ def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, w
     """PyTorch's `varlen_attn` (CUDA, fp16/bf16), called as the installed version expects: 2.10 `is_causal=True`
     with the default scale and no windows; 2.11 `scale`, `window_size`; 2.12+ also `enable_gqa`. No soft-capping,
     dropout or sinks in any version."""
-    refuse("torch_varlen", dropout=dropout, softcap=softcap, sinks=sinks, needs="dropout softcap sinks")
+    refuse_unless_computed("torch_varlen", dropout=dropout, softcap=softcap, sinks=sinks)
     accepted = capabilities.parameters(capabilities.varlen_attn)
     options = {}
     if "window_size" in accepted:
@@ -136,7 +122,7 @@ def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, w
         options["is_causal"] = True
     if "scale" in accepted:
         options["scale"] = scale
-    elif not math.isclose(scale, query.shape[-1] ** -0.5, rel_tol=1e-6):
+    elif not is_default_scale(scale, query.shape[-1]):
         raise ValueError(f"This torch's `varlen_attn` has no `scale` (torch >= 2.11); the layer scales by {scale}.")
     if "enable_gqa" in accepted:
         options["enable_gqa"] = query.shape[1] != key.shape[1]

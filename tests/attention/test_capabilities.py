@@ -188,3 +188,16 @@ def test_the_hub_kernel_is_read_from_what_transformers_loaded(monkeypatch):
     assert select_kernel(torch.zeros(4, 2, 16, dtype=torch.bfloat16), softcap=None, dropout=0.1) != "hub"  # FA3 kind
     monkeypatch.setattr(loaded, "_loaded_implementation", "flash_attention_2")  # a local package: detected directly
     assert capabilities.transformers_varlen() is None
+
+
+def test_the_compute_capability_is_asked_once_per_device(monkeypatch):
+    """The one CUDA query of dispatch, run here with torch's answer stood in for (no GPU on this machine)."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (9, 0))
+    capabilities._capability.cache_clear()
+    try:
+        tensor = torch.zeros(1, device="meta")
+        assert capabilities.compute_capability(tensor) == capabilities.compute_capability(tensor) == (9, 0)
+        assert asked == [None]  # cached: not once per layer and forward
+    finally:
+        capabilities._capability.cache_clear()

@@ -66,3 +66,11 @@ def test_the_warm_up_is_bounded_in_time(monkeypatch):
     monkeypatch.setattr(throughput, "run_pass", lambda *a, **k: {"step_s": next(times)})
     settled = throughput.settle(None, [0, 1], None, lr=1.0, device=torch.device("cpu"), bar=_Bar())
     assert settled == {"settle_passes": 2, "first_step_s": 50.0, "warm_up_s": 61.0}  # 4 passes without the bound
+
+
+def test_free_memory_is_read_from_the_gpu_on_cuda(monkeypatch):
+    from flatcollate.bench import options
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * 2**30, 80 * 2**30))
+    assert options.available_bytes("cuda") == 3 * 2**30
+    assert options.available_bytes("cpu") > 0

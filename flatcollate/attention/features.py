@@ -1,0 +1,71 @@
+"""What each packed kernel computes besides causal attention with sliding windows, a custom scale and GQA: the one
+table both `selection` (which kernel `auto` picks) and the kernels themselves (which refuse what they cannot do) read.
+"""
+
+import math
+
+from . import capabilities
+
+FEATURES: dict[str, frozenset[str]] = {
+    "flash_attn_4": frozenset({"softcap", "sinks"}),
+    "flash_attn_3": frozenset({"softcap"}),
+    "flash_attn_2": frozenset({"dropout", "softcap"}),
+    "torch_varlen": frozenset(),
+    "flex": frozenset({"softcap"}),
+    "sdpa": frozenset({"dropout", "softcap", "sinks"}),
+}
+"""Optional features per kernel; `hub` has those its signature has (`hub_features`)."""
+
+WORDS = {"dropout": "dropout", "softcap": "soft-capping", "sinks": "attention sinks"}
+
+
+def hub_features(function) -> frozenset[str]:
+    """The features of a Hub varlen function, read off its parameters: `dropout_p`, `softcap`, and sinks as FA4's
+    `learnable_sink` or vLLM's FA3 `s_aux`.
+
+    >>> sorted(hub_features(lambda q, k, v, dropout_p=0.0, softcap=0.0: q))
+    ['dropout', 'softcap']
+    """
+    accepted = capabilities.parameters(function)
+    found = {"dropout": "dropout_p" in accepted, "softcap": "softcap" in accepted}
+    found["sinks"] = bool({"learnable_sink", "s_aux"} & accepted)
+    return frozenset(name for name, present in found.items() if present)
+
+
+def features(name: str) -> frozenset[str]:
+    """The optional features kernel `name` computes (`hub`: the Hub kernel transformers loaded, if any)."""
+    if name == "hub":
+        resolved = capabilities.transformers_varlen()
+        return frozenset() if resolved is None else hub_features(resolved[1])
+    return FEATURES[name]
+
+
+def lacking(name: str, *, dropout: float, softcap: float | None, sinks: bool) -> list[str]:
+    """What a layer asks for (`dropout > 0`, a `softcap`, `sinks`) that kernel `name` does not compute, in words.
+
+    >>> lacking("flash_attn_3", dropout=0.1, softcap=30.0, sinks=True)
+    ['dropout', 'attention sinks']
+    """
+    asked = {"dropout": bool(dropout), "softcap": softcap is not None, "sinks": sinks}
+    have = features(name)
+    return [WORDS[feature] for feature, on in asked.items() if on and feature not in have]
+
+
+def refuse_unless_computed(name: str, *, dropout: float, softcap: float | None, sinks) -> None:
+    """Raise `ValueError` when kernel `name`, forced with `backend=`, cannot compute the layer (`sinks`: the tensor or
+    None, as the kernels get it)."""
+    missing = lacking(name, dropout=dropout, softcap=softcap, sinks=sinks is not None)
+    if missing:
+        raise ValueError(
+            f"The `{name}` packed kernel has no {' or '.join(missing)}; leave `backend='auto'` (it picks a kernel "
+            "that computes the layer) or force `backend='sdpa'`, which computes everything."
+        )
+
+
+def is_default_scale(scale: float | None, head_dim: int) -> bool:
+    """Whether `scale` is `head_dim ** -0.5` (or unset): all a kernel without a `scale` parameter computes.
+
+    >>> is_default_scale(None, 64), is_default_scale(0.125, 64), is_default_scale(0.2, 64)
+    (True, True, False)
+    """
+    return scale is None or math.isclose(scale, head_dim**-0.5, rel_tol=1e-6)
