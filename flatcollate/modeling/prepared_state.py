@@ -52,8 +52,9 @@ def is_prepared(model: torch.nn.Module) -> bool:
             return True
         if callable(getattr(model, "get_base_model", None)):
             inner = model.get_base_model()
-        else:
-            inner = vars(model).get("_modules", {}).get("module") or vars(model).get("_orig_mod")
+        else:  # DDP/FSDP register the model as submodule `module`, torch.compile as `_orig_mod`
+            submodules = vars(model).get("_modules", {})
+            inner = submodules.get("module", submodules.get("_orig_mod"))
         if not isinstance(inner, torch.nn.Module) or inner is model:
             return False
         model = inner

@@ -144,3 +144,11 @@ def test_wrapped_prepared_models_are_accepted():
     wrapper.module = model  # as DistributedDataParallel holds it
     wrapper.forward = model.forward
     torch.testing.assert_close(sequence_logprobs(wrapper, batch), sequence_logprobs(model, batch))
+
+
+def test_a_compiled_prepared_model_counts_as_prepared():
+    from flatcollate.modeling import is_prepared
+
+    model = prepare_model_for_flattening(tiny_causal_lm("llama"))
+    assert is_prepared(torch.compile(model))  # OptimizedModule holds the model as its submodule `_orig_mod`
+    assert not is_prepared(torch.compile(tiny_causal_lm("llama")))  # negative control
