@@ -9,8 +9,7 @@ import torch
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 import flatcollate
-from flatcollate.bench import cli as bench_cli
-from flatcollate.bench import vision_report
+from flatcollate.bench import harness
 from flatcollate.cli import build_parser, main
 
 
@@ -73,7 +72,7 @@ def test_every_option_has_a_description_and_its_default_in_help(command, capsys)
 
 def test_defaults_resolved_at_run_time_are_shown_in_help(capsys):
     from flatcollate.bench.config import ThroughputConfig
-    from flatcollate.bench.vision_config import VisionBenchConfig
+    from flatcollate.bench.tasks.vision import VisionBenchConfig
     from flatcollate.check import DEFAULT_BACKENDS
 
     texts = {}
@@ -180,8 +179,7 @@ def no_run(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the benchmark ran despite a usage error")
 
-    monkeypatch.setattr(bench_cli, "run_and_report", refuse)
-    monkeypatch.setattr(vision_report, "run_vision_bench", refuse)
+    monkeypatch.setattr(harness, "run_bench", refuse)
 
 
 @pytest.mark.parametrize(

@@ -23,21 +23,9 @@ import torch
 import transformers
 
 from .._conventions import IGNORE_INDEX
+from ..data.packing import pack_lengths
 from ..profiles.length_profile import LengthProfile
 from .config import MODES, PEER_MODE
-
-__all__ = [
-    "MODES",
-    "PEER_MODE",
-    "SyntheticSequences",
-    "default_pack_len",
-    "has_packing",
-    "pad_batch",
-    "real_tokens",
-    "slot_tokens",
-    "step_batches",
-    "synthetic_sequences",
-]
 
 
 @dataclass(frozen=True)
@@ -155,8 +143,6 @@ def step_batches(
         raise ValueError(f"Unknown mode {mode!r}; choose from {MODES}.")
     order = np.arange(len(seqs.lengths))
     if mode == "packed":
-        from ..data.packing import pack_lengths
-
         groups = pack_lengths(seqs.lengths, pack_len, strategy="bfd")
     else:
         groups = np.split(order, np.arange(batch_size, len(order), batch_size))
@@ -207,10 +193,3 @@ def check_labelled(batches: list[dict], mode: str, *, max_length: int) -> None:
 def slot_tokens(batch: dict) -> int:
     """Tokens the model computes on, padding included."""
     return int(batch["input_ids"].numel())
-
-
-def has_packing() -> bool:
-    """Whether `flatcollate.data.packing.pack_lengths` is available (the `packed` mode needs it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("flatcollate.data.packing") is not None

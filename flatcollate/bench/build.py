@@ -1,11 +1,29 @@
-"""How every benchmark builds its model: random weights from a config, seeded, constructed and initialised on the
-device it trains on (a full-size model on a GPU never passes through the host: no CPU initialisation, no copy)."""
+"""How every benchmark builds its model: the config (a tiny one or the model's own sizes, with overrides), random
+weights from the seed, constructed and initialised on the device it trains on (a full-size model on a GPU never passes
+through the host: no CPU initialisation, no copy), and the summary the report prints."""
+
+from pathlib import Path
 
 import torch
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+from ..models import apply_overrides, tiny_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The benchmarks' `--dtype` names."""
+
+
+def model_config(config) -> PretrainedConfig:
+    """The model config of a benchmark config (`model`, `tiny`, `model_overrides`): the tiny one with the overrides, or
+    the config's own sizes with them; no KV cache."""
+    if config.tiny:
+        built = tiny_config(config.model, **config.model_overrides)
+    else:
+        from_folder = Path(config.model).is_dir()
+        built = AutoConfig.from_pretrained(config.model) if from_folder else AutoConfig.for_model(config.model)
+        apply_overrides(built, **config.model_overrides)  # per-layer lists follow a new num_hidden_layers
+    built.use_cache = False
+    return built
 
 
 def build_on_device(
@@ -15,7 +33,6 @@ def build_on_device(
     `torch.manual_seed(seed)` on `device`, in train mode.
 
     >>> from transformers import AutoModelForCausalLM
-    >>> from flatcollate.models import tiny_config
     >>> model = build_on_device(AutoModelForCausalLM, tiny_config("llama"), device="meta", dtype="float32", seed=0)
     >>> model.model.embed_tokens.weight.device.type, model.training
     ('meta', True)
@@ -24,3 +41,21 @@ def build_on_device(
     with torch.device(device):
         model = auto_class.from_config(model_config, attn_implementation="sdpa", dtype=DTYPES[dtype])
     return model.train()
+
+
+def model_summary(model: PreTrainedModel) -> dict:
+    """Type, parameter count and the text model's sizes, for the report; an image-text model adds its vision tower's
+    parameters, width and depth."""
+    text = model.config.get_text_config()
+    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    summary = {
+        "model_type": model.config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **{name: getattr(text, name, None) for name in sizes},
+    }
+    vision = getattr(model.config, "vision_config", None)
+    if vision is not None:
+        summary["vision_parameters"] = sum(p.numel() for p in model.model.visual.parameters())
+        summary["vision_hidden_size"] = vision.hidden_size
+        summary["vision_layers"] = vision.depth
+    return summary

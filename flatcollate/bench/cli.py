@@ -3,15 +3,15 @@
 With no arguments it runs an embedded offline default on the CPU in about 3.5 minutes (a tiny Llama-shaped model,
 the "flan" length profile, batch 8, one torch thread) and prints padding efficiency, tokens/s per mode, ratios,
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
-batches, with their spread over repeats. `--vision` measures image-text training instead (see
-`flatcollate.bench.vision`), `--task dpo` preference training: trl.DPOTrainer on padded batches against
-FlatDPOTrainer on flattened rows (see `flatcollate.bench.dpo`), `--task reward` reward-model training:
-trl.RewardTrainer against FlatRewardTrainer on the same pairs (see `flatcollate.bench.reward`).
+batches, with their spread over repeats. `--vision` measures image-text training instead, `--task dpo` preference
+training (trl.DPOTrainer on padded batches against FlatDPOTrainer on flattened rows), `--task reward` reward-model
+training (trl.RewardTrainer against FlatRewardTrainer on the same pairs). Every task runs through one harness
+(`flatcollate.bench.harness`), each (mode, repeat) a fresh process.
 """
 
 import argparse
-import math
-import os
+import json
+import shlex
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,40 +21,35 @@ from ..cli import HelpFormatter, UsageError
 # check and run a command, so `flatcollate bench --help` answers at once.
 from ..profiles.names import available_pair_profiles, available_profiles
 from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig
-from .options import check_attn, check_heads, check_memory, check_pack_len, check_profile, check_writable
+from .options import check_writable
 from .overrides import check_overrides, parse_overrides
+from .scripts import non_negative_int, positive_float, positive_int
 
-TEXT_ONLY = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
-TEXT_ONLY |= {"attn": "--attn"}
-"""Options the vision profile does not take (its model and modes are fixed); they default to None or False, so a
-given one is told apart from its default."""
+OPTIONS = {
+    "model": "--model",
+    "profile": "--profile",
+    "batch_size": "--batch-size",
+    "max_length": "--max-length",
+    "max_images": "--max-images",
+    "max_pixels": "--max-pixels",
+    "steps": "--steps",
+    "warmup_steps": "--warmup-steps",
+    "repeats": "--repeats",
+    "modes": "--modes",
+    "pack_len": "--pack-len",
+    "flattened_attn": "--attn",
+    "lr": "--lr",
+    "seed": "--seed",
+    "device": "--device",
+    "dtype": "--dtype",
+    "threads": "--threads",
+}
+"""Config field -> the option that sets it (`model_overrides` is `--set`, `tiny` is `--full-size`)."""
 
-VISION_ONLY = {"max_images": "--max-images", "max_pixels": "--max-pixels"}
-"""Options only the vision profile takes (default None)."""
-
-
-def _positive_int(text: str) -> int:
-    return _bounded(int, text, minimum=1, what="a positive integer")
-
-
-def _non_negative_int(text: str) -> int:
-    return _bounded(int, text, minimum=0, what="an integer >= 0")
-
-
-def _positive_float(text: str) -> float:
-    return _bounded(float, text, minimum=None, what="a positive, finite number")
-
-
-def _bounded(kind, text: str, *, minimum: int | None, what: str):
-    """argparse type: `kind(text)`, at least `minimum` (or > 0 and finite for floats), else a one-line error."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    bad = value < minimum if minimum is not None else not (math.isfinite(value) and value > 0)
-    if bad:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    return value
+TASK_OPTIONS = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
+TASK_OPTIONS |= {"attn": "--attn", "vision": "--vision", "max_images": "--max-images", "max_pixels": "--max-pixels"}
+"""Options only some tasks take (`harness.Task.options`); they default to None or False, so a given one is told apart
+from its default."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,20 +71,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "must exist in the model's config)",
     )
     parser.add_argument(
-        "--batch-size", type=_positive_int, default=default.batch_size, help="sequences per optimizer step"
+        "--batch-size", type=positive_int, default=default.batch_size, help="sequences per optimizer step"
     )
     parser.add_argument(
-        "--max-length", type=_positive_int, default=default.max_length, help="longer sequences are truncated"
+        "--max-length", type=positive_int, default=default.max_length, help="longer sequences are truncated"
     )
-    parser.add_argument("--steps", type=_positive_int, default=default.steps, help="optimizer steps per timed pass")
+    parser.add_argument("--steps", type=positive_int, default=default.steps, help="optimizer steps per timed pass")
     parser.add_argument(
         "--warmup-steps",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=default.warmup_steps,
         help="untimed steps before every timed pass (each mode also warms up until its step times settle)",
     )
     parser.add_argument(
-        "--repeats", type=_positive_int, default=default.repeats, help="timed passes per mode, interleaved"
+        "--repeats", type=positive_int, default=default.repeats, help="timed passes per mode, interleaved"
     )
     parser.add_argument(
         "--modes",
@@ -101,20 +96,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"transformers' own padding-free path (default: {' '.join(default.modes)})",
     )
     parser.add_argument(
-        "--pack-len", type=_positive_int, default=None, help="tokens per pack (default: about a batch's tokens)"
+        "--pack-len", type=positive_int, default=None, help="tokens per pack (default: about a batch's tokens)"
     )
     parser.add_argument(
         "--attn",
         default=None,
         help=f"attention of the flattened modes (auto: flatcollate backend) (default: {default.flattened_attn})",
     )
-    parser.add_argument("--lr", type=_positive_float, default=default.lr, help="AdamW learning rate")
+    parser.add_argument("--lr", type=positive_float, default=default.lr, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=default.seed, help="seed of lengths, token ids and weights")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=default.device, help="auto: CUDA if any")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=default.dtype, help="model dtype")
     parser.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="torch CPU threads (default: 1 on a CPU, where more threads on a shared machine distort timings)",
     )
@@ -131,55 +126,108 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-images",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=None,
         help=f"--vision: images per example, 0-N (default: {MAX_IMAGES})",
     )
     parser.add_argument(
         "--max-pixels",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=None,
         help="--vision: the image processor's max_pixels (default: Qwen2-VL's, 28*28*1280)",
     )
 
 
-def config_from_args(args: argparse.Namespace, *, profile: str) -> ThroughputConfig:
-    """`ThroughputConfig` from parsed options; `--set` values on top of the default tiny sizes."""
-    default = ThroughputConfig()
-    overrides = parse_overrides(args.overrides, default.model_overrides if not args.full_size else {})
-    values = {
-        "model": args.model or default.model,
-        "tiny": not args.full_size,
-        "model_overrides": overrides,
-        "profile": profile,
-        "batch_size": args.batch_size,
-        "max_length": args.max_length,
-        "steps": args.steps,
-        "warmup_steps": args.warmup_steps,
-        "repeats": args.repeats,
-        "modes": tuple(args.modes or default.modes),
-        "pack_len": args.pack_len,
-        "flattened_attn": args.attn or default.flattened_attn,
-        "lr": args.lr,
-        "seed": args.seed,
-        "device": args.device,
-        "dtype": args.dtype,
-        "threads": args.threads,
-    }
-    assert set(values) == {f.name for f in fields(ThroughputConfig)}
-    return ThroughputConfig(**values)
+def _dest(option: str) -> str:
+    return {"--attn": "attn"}.get(option, option.removeprefix("--").replace("-", "_"))
 
 
-def run_and_report(config: ThroughputConfig, out_dir: str, *, progress: bool) -> dict:
-    """Run one benchmark, every (mode, repeat) in a fresh process, the modes taking turns (`flatcollate.bench.
-    isolated`); print its summary and write the report files."""
-    from .batches import UnlabelledBatch
-    from .isolated import run_throughput_in_processes
-    from .report import summary_text, write_report
-    from .worker import WORKER_COMMAND
+def task_of(args: argparse.Namespace) -> str:
+    """The task the options select: `--vision` is `--task vision`."""
+    if args.vision and args.task not in ("sft", "vision"):
+        raise UsageError(f"--vision does not apply to --task {args.task}; leave it out.")
+    return "vision" if args.vision else args.task
+
+
+def config_from_args(task, args: argparse.Namespace):
+    """`task`'s config from parsed options: every option the task takes, `--set` values on top of the default sizes
+    (none with `--full-size`); `UsageError` for an option it does not take."""
+    given = [option for dest, option in TASK_OPTIONS.items() if getattr(args, dest, None) not in (None, False)]
+    refused = [option for option in given if _dest(option) not in task.options | {"vision"}]
+    if refused:
+        raise UsageError(f"{refused[0]} does not apply to {task.flag} ({task.scope}); leave it out.")
+    default, values = task.config(), {}
+    for field in fields(default):
+        value = getattr(args, _dest(OPTIONS[field.name]), None) if field.name in OPTIONS else None
+        if value is not None:
+            values[field.name] = tuple(value) if isinstance(getattr(default, field.name), tuple) else value
+    if hasattr(default, "tiny"):
+        values["tiny"] = not args.full_size
+    base = default.model_overrides if values.get("tiny", True) else {}
+    return task.config(**values, model_overrides=parse_overrides(args.overrides, base))
+
+
+def command_line(task, config, out_dir: str | Path) -> str:
+    """The `flatcollate bench` command that reproduces `config` of `task`: every option that differs from its
+    default, and the output folder.
+
+    >>> from flatcollate.bench.harness import get_task
+    >>> sizes = {**DPOBenchConfig().model_overrides, "hidden_size": 64}
+    >>> command_line(get_task("dpo"), DPOBenchConfig(steps=2, model_overrides=sizes), "out")
+    'flatcollate bench --task dpo --steps 2 --set hidden_size=64 --out-dir out'
+    """
+    default = task.config()
+    argv = ["flatcollate", "bench", *task.flag.split()] if task.name != "sft" else ["flatcollate", "bench"]
+    for field, option in OPTIONS.items():
+        value = getattr(config, field, None)
+        if value != getattr(default, field, None):
+            argv += [option, *map(str, value)] if isinstance(value, tuple) else [option, str(value)]
+    if not getattr(config, "tiny", True):
+        argv.append("--full-size")
+    base = default.model_overrides if getattr(config, "tiny", True) else {}
+    for key, value in config.model_overrides.items():
+        if key not in base or base[key] != value:
+            argv += ["--set", f"{key}={json.dumps(value)}"]
+    return shlex.join([*argv, "--out-dir", str(out_dir)])
+
+
+def validate(task, config, out_dir: str | Path | None, *, set_keys: set[str]) -> None:
+    """Raise `UsageError` for what would fail or mislead later, before any training: a field no benchmark takes, an
+    unknown model, a `--set` key (`set_keys`) the model's config lacks or a size that is not a positive integer, CUDA
+    that is not there, what the task itself checks (`Task.validate`: profile, backend, memory, trl...), an output
+    folder that cannot be written."""
+    import torch
+
+    from ..check.options import validate_model_argument
+    from .config import check_fields
 
     try:
-        result = run_throughput_in_processes(config, list(WORKER_COMMAND), progress=progress)
+        check_fields(config)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if hasattr(config, "model"):
+        validate_model_argument(config.model, command="bench")
+        check_overrides(config, set_keys)
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device cuda: CUDA is not available (torch {torch.__version__}, "
+            f"{'no GPU found' if torch.version.cuda else 'a CPU-only build'}); use --device cpu or auto."
+        )
+    task.validate(config)
+    if out_dir is not None:
+        check_writable(Path(out_dir))
+
+
+def run_and_report(task, config, out_dir: str | Path, *, progress: bool) -> dict:
+    """Print the command that reproduces the run, run it (`harness.run_bench`), print its summary and write the
+    report files."""
+    from . import harness
+    from .batches import UnlabelledBatch
+    from .report import summary_text, write_report
+
+    command = command_line(task, config, out_dir)
+    try:
+        result = {**harness.run_bench(task.name, config, progress=progress), "command": command}
     except UnlabelledBatch as error:
         raise UsageError(str(error)) from None
     print(summary_text(result))
@@ -188,62 +236,14 @@ def run_and_report(config: ThroughputConfig, out_dir: str, *, progress: bool) ->
     return result
 
 
-def validate(config: ThroughputConfig, out_dir: str | os.PathLike | None, *, set_keys: set[str]) -> None:
-    """Raise `UsageError` for what would fail or mislead later: an unknown model or profile, a `--set` key
-    (`set_keys`) the config does not have or a size that is not a positive integer, CUDA that is not there, an
-    attention backend that is unknown or not installed, a pack shorter than `--max-length`, head counts the model
-    cannot be built with, more memory than the device has free, an output folder that cannot be written. Runs
-    before any training."""
-    import torch
-
-    from ..check.options import validate_model_argument
-    from .throughput import model_config, resolve_device
-
-    validate_model_argument(config.model, command="bench")
-    check_profile(config.profile)
-    check_overrides(config, set_keys)
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device cuda: CUDA is not available (torch {torch.__version__}, "
-            f"{'no GPU found' if torch.version.cuda else 'a CPU-only build'}); use --device cpu or auto."
-        )
-    device = resolve_device(config.device).type
-    check_attn(config.flattened_attn, device)
-    check_pack_len(config.pack_len, config.max_length)
-    check_heads(model_config(config), {k: v for k, v in config.model_overrides.items() if k in set_keys})
-    check_memory(config, device)
-    if out_dir is not None:
-        check_writable(Path(out_dir))
-
-
 def _command(args: argparse.Namespace) -> int:
-    if args.task in ("dpo", "reward"):
-        from .dpo_cli import run_dpo_command
+    from .harness import get_task
 
-        return run_dpo_command(args)
-    args.profile = args.profile or ThroughputConfig().profile
-    _refuse_options_of_the_other_profile(args)
-    if args.vision:
-        from .vision_report import run_vision_command
-
-        return run_vision_command(args)
-    config = config_from_args(args, profile=args.profile)
-    validate(config, args.out_dir, set_keys={item.partition("=")[0] for item in args.overrides})
-    run_and_report(config, args.out_dir, progress=not args.no_progress)
+    task = get_task(task_of(args))
+    config = config_from_args(task, args)
+    validate(task, config, args.out_dir, set_keys={item.partition("=")[0] for item in args.overrides})
+    run_and_report(task, config, args.out_dir, progress=not args.no_progress)
     return 0
-
-
-def _refuse_options_of_the_other_profile(args: argparse.Namespace) -> None:
-    """Raise `UsageError` for a text-only option given with `--vision`, or a vision-only one without it."""
-    refused = TEXT_ONLY if args.vision else VISION_ONLY
-    given = [option for name, option in refused.items() if getattr(args, name) not in (None, False)]
-    if given and args.vision:
-        raise UsageError(
-            f"{given[0]} does not apply to --vision (its model is qwen2_5_vl, its modes padded and flattened); "
-            "leave it out, or size the language model with --set."
-        )
-    if given:
-        raise UsageError(f"{given[0]} applies to the image-text profile only: add --vision, or leave it out.")
 
 
 def register_cli(subparsers) -> None:
@@ -256,11 +256,11 @@ def register_cli(subparsers) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=("sft", "dpo", "reward"),
+        choices=("sft", "vision", "dpo", "reward"),
         default="sft",
-        help="sft: supervised fine-tuning, the modes below; dpo: trl.DPOTrainer (padded) vs FlatDPOTrainer "
-        "(flattened) on preference pairs, --batch-size pairs per step (needs trl); reward: trl.RewardTrainer vs "
-        "FlatRewardTrainer on the same pairs",
+        help="sft: supervised fine-tuning, the modes below; vision: as --vision; dpo: trl.DPOTrainer (padded) vs "
+        "FlatDPOTrainer (flattened) on preference pairs, --batch-size pairs per step (needs trl); reward: "
+        "trl.RewardTrainer vs FlatRewardTrainer on the same pairs",
     )
     parser.add_argument(
         "--profile",

@@ -76,6 +76,13 @@ class PeakMemory:
             return int(torch.cuda.max_memory_allocated(self.device))
         return _status_bytes("VmHWM:") if CAN_RESET_RSS_PEAK else None
 
+    def figures(self) -> dict[str, int | None]:
+        """`peak_memory_bytes` since `reset()` and `added_memory_bytes`, the peak over the baseline (None where not
+        measurable)."""
+        peak = self.peak()
+        added = None if peak is None or self.baseline is None else peak - self.baseline
+        return {"peak_memory_bytes": peak, "added_memory_bytes": added}
+
 
 def _status_bytes(key: str) -> int | None:
     """A `kB` field of `/proc/self/status`, in bytes."""

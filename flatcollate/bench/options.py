@@ -96,7 +96,7 @@ def memory_estimate(config) -> MemoryEstimate:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .throughput import model_config
+    from .build import model_config
 
     cfg = model_config(config)
     with torch.device("meta"):

@@ -26,28 +26,34 @@ def parse_overrides(items: list[str], base: dict) -> dict:
     return overrides
 
 
-def check_overrides(config, keys: set[str]) -> None:
-    """Raise `UsageError` unless every key of `keys` names an attribute of the model's config (`config.model`,
-    shrunk by `tiny_config` when `config.tiny`) and sizes that are positive integers stay so in
-    `config.model_overrides`."""
-    from transformers import AutoConfig
-
-    from ..models import tiny_config
-
-    base = (
-        AutoConfig.from_pretrained(config.model) if Path(config.model).is_dir() else AutoConfig.for_model(config.model)
-    )
-    if config.tiny:
-        base = tiny_config(base)
-    known = set(base.to_dict()) | set(base.attribute_map)
+def check_sizes(base, overrides: dict, keys) -> None:
+    """Raise `ValueError` (starting with the key) unless every key of `keys` names an attribute of the model config
+    `base`, and sizes that are positive integers in `base` stay so in `overrides`."""
+    known = set(base.to_dict()) | set(getattr(base, "attribute_map", {}))
     for key in sorted(keys):
         if key not in known and not hasattr(base, key):
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
-            raise UsageError(f"--set {key}: the {base.model_type} config has no attribute {key!r}{hint}")
-        current, value = getattr(base, key, None), config.model_overrides[key]
-        is_size = isinstance(current, int) and not isinstance(current, bool) and current > 0
-        if is_size and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            raise UsageError(
-                f"--set {key}={json.dumps(value)}: {key} is a positive integer (the config has {current})."
-            )
+            raise ValueError(f"{key}: the {base.model_type} config has no attribute {key!r}{hint}")
+        current, value = getattr(base, key, None), overrides[key]
+        if _is_size(current) and not _is_size(value):
+            raise ValueError(f"{key}={json.dumps(value)}: {key} is a positive integer (the config has {current}).")
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_overrides(config, keys: set[str]) -> None:
+    """Raise `UsageError` naming the `--set` option unless every key of `keys` names an attribute of the model's config
+    (`config.model`, shrunk by `tiny_config` when `config.tiny`) and sizes stay positive integers (`check_sizes`)."""
+    from transformers import AutoConfig
+
+    from ..models import tiny_config
+
+    from_folder = Path(config.model).is_dir()
+    base = AutoConfig.from_pretrained(config.model) if from_folder else AutoConfig.for_model(config.model)
+    try:
+        check_sizes(tiny_config(base) if config.tiny else base, config.model_overrides, keys)
+    except ValueError as error:
+        raise UsageError(f"--set {error}") from None

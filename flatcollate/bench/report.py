@@ -1,29 +1,27 @@
-"""Write a throughput result as JSON, a markdown table, PNG plots and a short printed summary."""
+"""Write a benchmark result, of any task, as JSON, a markdown table, PNG plots and a short printed summary: the one
+report of every benchmark (the task adds its legend and the lines about its data)."""
 
 import json
 from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: the user's backend and global figure state stay untouched
+from matplotlib.ticker import MaxNLocator
 
-from .batches import PEER_MODE
+from .config import PEER_MODE
+from .harness import get_task
 
-REPORT_FILES = ("throughput.json", "throughput.md", "throughput.png", "loss_curves.png")
-"""What `write_report` puts in its output folder."""
 
-MODE_NAMES = {
-    "padded": "padded to the longest in the batch, attention_mask, sdpa",
-    "padded_max": "padded to max_length, attention_mask, sdpa",
-    PEER_MODE: "transformers' DataCollatorWithFlattening + the model's own sdpa (padding-free without flatcollate)",
-    "flattened": "flatcollate: DataCollatorWithFlattening + prepare_model_for_flattening",
-    "packed": "flatcollate: best-fit-decreasing packs, flattened",
-}
-"""What each mode is, for the legend under the table."""
+def report_files(result: dict) -> tuple[str, ...]:
+    """What `write_report` puts in its output folder: `<stem>.json`, `.md`, `.png` and `<stem>_loss_curves.png`, the
+    stem the task's (`throughput` for SFT, `vision`, `dpo`, `reward`)."""
+    stem = get_task(result["task"]).files
+    return (f"{stem}.json", f"{stem}.md", f"{stem}.png", f"{stem}_loss_curves.png")
 
 
 def markdown_table(result: dict) -> str:
     """One row per mode: real tokens/s (median, min-max), ratio to padded, model TFLOP/s (and MFU on a GPU whose peak
     is known, `flatcollate.bench.flops`), peak memory and the memory the timed pass added, padding, optimizer steps
-    per epoch, and the first step's seconds (allocation, kernel selection, compilation: not in the timed figures)."""
+    of the timed pass, and the first step's seconds (allocation, kernel selection, compilation: not timed)."""
     ratios = result["ratios_vs_padded"]
     on_cpu = result["environment"]["device_type"] == "cpu"
     with_mfu = any(row.get("mfu") is not None for row in result["modes"].values())
@@ -47,7 +45,7 @@ def markdown_table(result: dict) -> str:
             f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} |{cpu_text} "
             f"{_tflops(tflops)} |{mfu_text} {format_mib(row['peak_memory_bytes'])} "
             f"| {format_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
-            f"| {row['steps_per_epoch']} | {first_text} |"
+            f"| {row['optimizer_steps']} | {first_text} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -61,33 +59,27 @@ def _tflops(figure: dict | None) -> str:
 
 
 def setup_lines(result: dict) -> list[str]:
-    """What was measured where: model and its size, device and threads, profile, sequences, real-token shares."""
-    config, pool, env, model = result["config"], result["pool"], result["environment"], result["model"]
+    """What was measured where: the model and its size, the device and threads, the run's sizes, then the task's lines
+    about its data."""
+    config, env, model = result["config"], result["environment"], result["model"]
     device = "CPU" if env["device_type"] == "cpu" else "GPU"
     threads = f", {env['torch_threads']} torch thread(s) of {env['cpu_count']} cores" if device == "CPU" else ""
-    lines = [
-        f"model {model['model_type']} ({'tiny' if config['tiny'] else 'full'} config: "
-        f"{format_parameters(model)} parameters, "
-        f"hidden {model['hidden_size']}, {model['num_hidden_layers']} layers), {config['dtype']}",
-        f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
-        f"max_length {config['max_length']}, {config['steps']} steps per pass, {config['repeats']} repeats "
-        + (
-            "(each run a fresh process warmed up until its step times settle, the modes taking turns)"
-            if env.get("process_per_pass")
-            else "(modes interleaved in this process, each warmed up until its step times settle)"
-        ),
-        f"{pool['sequences']} sequences, {pool['real_tokens']} real tokens, mean length {pool['mean_length']:.0f}, "
-        f"{pool['truncated']} truncated to max_length",
-    ]
-    if "padded" in result["modes"]:
-        fill = 1 - result["modes"]["padded"]["padding_fraction"]
-        profile = pool["profile_padded_fill"]
-        lines.append(
-            f"real tokens in padded batches of {config['batch_size']}: {fill:.1%} for these {pool['sequences']} "
-            f"sequences; over the whole '{config['profile']}' profile {profile['truncated']:.1%} truncated to "
-            f"max_length, {profile['untruncated']:.1%} untruncated (a short run draws few of the long tail)"
+    size = "tiny" if config.get("tiny", True) else "full"
+    vision = ""
+    if "vision_parameters" in model:
+        vision = (
+            f"; vision tower {model['vision_parameters']:,} parameters, width {model['vision_hidden_size']}, "
+            f"{model['vision_layers']} layer(s)"
         )
-    return lines
+    processes = "each run a fresh process" if env["process_per_run"] else "every run in one process"
+    return [
+        f"model {model['model_type']} ({size} config: {format_parameters(model)} parameters, hidden "
+        f"{model['hidden_size']}, {model['num_hidden_layers']} layers{vision}), random weights, {config['dtype']}",
+        f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
+        f"max_length {config['max_length']}, {config['steps']} steps per timed pass after {config['warmup_steps']} "
+        f"warm-up, {config['repeats']} repeats ({processes}, the modes taking turns)",
+        *get_task(result["task"]).data_lines(result),
+    ]
 
 
 def headline_lines(result: dict) -> list[str]:
@@ -97,7 +89,7 @@ def headline_lines(result: dict) -> list[str]:
     if head is None:
         return []
     ratio, repeats = head["flattened_vs_padded"], head["flattened_vs_padded"]["n"]
-    subject, baseline = head.get("subject", "flatcollate (flattened)"), head.get("baseline", "padded batches")
+    subject, baseline = head["subject"], head["baseline"]
     lines = [
         f"{subject} trains {ratio['median']:.2f}x the {head['metric']} of {baseline} "
         f"(range {ratio['min']:.2f}-{ratio['max']:.2f} over {repeats} repeats)"
@@ -121,25 +113,29 @@ def headline_lines(result: dict) -> list[str]:
 
 
 def summary_text(result: dict) -> str:
-    """What `flatcollate bench` prints: the setup, the table with its legend, loss equivalence, skipped modes and,
+    """What `flatcollate bench` prints: the command, the setup, the table with its legend, the loss agreement and,
     last, the headline."""
-    lines = [*setup_lines(result), "", markdown_table(result), *legend_lines(result)]
+    lines = [f"command: `{result['command']}`", ""] if result.get("command") else []
+    lines += [*setup_lines(result), "", markdown_table(result), *legend_lines(result)]
     if result["loss_equivalence"]:
-        diff = result["loss_equivalence"]["max_abs_loss_diff"]
-        lines.append(f"loss curves padded vs flattened: max abs difference {diff:.2e}")
-    for mode, reason in result["skipped"].items():
-        lines.append(f"skipped {mode}: {reason}")
+        gap = result["loss_equivalence"]
+        lines.append(
+            f"loss per step, padded vs flattened over {gap['steps']} steps: max abs difference "
+            f"{gap['max_abs_loss_diff']:.2e}"
+        )
     return "\n".join([*lines, "", *headline_lines(result)])
 
 
 def legend_lines(result: dict) -> list[str]:
     """What the modes and columns mean."""
-    lines = [f"- {mode}: {MODE_NAMES[mode]}" for mode in result["modes"]]
+    task = get_task(result["task"])
+    lines = [f"- {mode}: {task.modes[mode]}" for mode in result["modes"]]
+    lines += list(task.legend)
     lines.append("- real tokens/s counts non-pad tokens only; x padded is the ratio to padded taken within each repeat")
     if result["environment"]["device_type"] == "cpu":
         lines.append(
             "- x padded, CPU time: the same ratio on this process's CPU seconds, which other processes on a shared "
-            "machine disturb far less than wall-clock time"
+            "machine disturb far less than wall-clock time (the headline's figure on a CPU)"
         )
         lines.append(
             "- memory added by the pass: the process RSS high-water mark of the timed pass minus the RSS before it "
@@ -151,20 +147,15 @@ def legend_lines(result: dict) -> list[str]:
 
 
 def write_report(result: dict, out_dir: str | Path) -> list[Path]:
-    """Write `REPORT_FILES` into `out_dir` (created if needed); returns their paths."""
-    return write_files(result, out_dir, REPORT_FILES, summary_text, (plot_throughput, plot_losses))
-
-
-def write_files(result: dict, out_dir: str | Path, names, summary, plots) -> list[Path]:
-    """The one writer of every benchmark's report: `names[0]` the result as JSON, `names[1]` `summary(result)`, and
-    each later name drawn by the plot function at the same place in `plots`; returns the paths."""
+    """Write `report_files(result)` into `out_dir` (created if needed): the result as JSON, `summary_text`, the
+    throughput and memory plot and the loss curves; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / name for name in names]
+    paths = [out / name for name in report_files(result)]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(summary(result) + "\n")
-    for plot, path in zip(plots, paths[2:], strict=True):
-        plot(result, path)
+    paths[1].write_text(summary_text(result) + "\n")
+    plot_throughput(result, paths[2])
+    plot_losses(result, paths[3])
     return paths
 
 
@@ -196,8 +187,8 @@ def plot_throughput(result: dict, path: Path) -> None:
     config, model, env = result["config"], result["model"], result["environment"]
     device = f"CPU, {env['torch_threads']} thread(s)" if on_cpu else f"GPU {env['device']}"
     fig.suptitle(
-        f"{model['model_type']} {format_parameters(model)} parameters · {device} · {config['dtype']} · "
-        f"profile {config['profile']} · batch {config['batch_size']}"
+        f"{result['task']}: {model['model_type']} {format_parameters(model)} parameters · {device} · "
+        f"{config['dtype']} · profile {config['profile']} · batch {config['batch_size']}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -216,6 +207,7 @@ def plot_losses(result: dict, path: Path) -> None:
     if equivalence:
         title += f"\npadded vs flattened: max |diff| = {equivalence['max_abs_loss_diff']:.1e}"
     ax.set_title(title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.legend()

@@ -1,10 +1,11 @@
-"""What the scripts in `benchmarks/` share: their parser (one-line errors, exit status 2), the `--repeats` and
-`--no-progress` options of fresh-process repeats (`flatcollate.bench.repeats`), the clocks, a timing loop, and the
-JSON and markdown files they write.
+"""What the scripts in `benchmarks/` share with each other (their parser: one-line errors, exit status 2; the
+`--repeats` and `--no-progress` options of fresh-process repeats, `flatcollate.bench.repeats`; the clocks, a timing
+loop, the JSON and markdown files they write) and with `flatcollate bench` (the argparse types of counts and rates).
 """
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,11 +36,22 @@ def non_negative_int(text: str) -> int:
     return _at_least(text, 0, "an integer >= 0")
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0, else a one-line error naming the value."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {text!r}")
+    return value
+
+
 def _at_least(text: str, minimum: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        value = minimum - 1
     if value < minimum:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value

@@ -10,7 +10,7 @@ each transcript split at its last assistant turn::
               |<------------------- prompt (shared head + marker) ------------>|<- reply ->|
 
 and counted with Qwen2.5's tokenizer, without special tokens (TRL appends the eos to each reply when it trains;
-`flatcollate.bench.dpo_data` adds it). `python -m flatcollate.profiles.make <data folder>` re-creates it.
+`flatcollate.bench.pairs` adds it). `python -m flatcollate.profiles.make <data folder>` re-creates it.
 """
 
 from __future__ import annotations

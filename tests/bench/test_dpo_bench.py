@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from flatcollate.bench import dpo as dpo_module
-from flatcollate.bench.config import DPOBenchConfig
-from flatcollate.bench.dpo import check_dpo_config
-from flatcollate.bench.dpo_cli import dpo_command_line, dpo_config_from_args
-from flatcollate.bench.dpo_data import PairDraw, draw_pairs, padded_pair_tokens, pair_texts
-from flatcollate.bench.dpo_report import DPO_REPORT_FILES
+from flatcollate.bench import harness
+from flatcollate.bench.cli import command_line, config_from_args
+from flatcollate.bench.config import DPOBenchConfig, check_fields
+from flatcollate.bench.harness import get_task
+from flatcollate.bench.pairs import PairDraw, draw_pairs, padded_pair_tokens, pair_texts
+from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 from flatcollate.profiles import available_pair_profiles, available_profiles
 from flatcollate.profiles.make import make_pair_profiles
@@ -155,55 +155,49 @@ def smoke(tmp_path_factory):
     return json.loads((out / "dpo.json").read_text()), printed.getvalue(), out
 
 
+RESULT_KEYS = {"task", "config", "environment", "model", "data", "modes", "ratios_vs_padded", "headline"}
+RESULT_KEYS |= {"loss_equivalence", "pass_flops", "command"}
+
+
 def test_smoke_run_reports_every_field(smoke):
     result, printed, out = smoke
-    assert sorted(p.name for p in out.iterdir()) == sorted(DPO_REPORT_FILES)
-    assert set(result) == {
-        "task",
-        "config",
-        "environment",
-        "model",
-        "pairs",
-        "modes",
-        "ratio",
-        "loss_equivalence",
-        "command",
-        "headline",
-    }
+    assert sorted(p.name for p in out.iterdir()) == sorted(report_files(result))
+    assert set(result) == RESULT_KEYS and result["task"] == "dpo"
     assert list(result["modes"]) == ["padded", "flattened"]
-    row_keys = {
-        "tokens_per_s",
-        "tokens_per_cpu_s",
-        "seconds_per_step",
-        "peak_memory_bytes",
-        "peak_memory_over_baseline_bytes",
-        "real_tokens",
-        "computed_tokens",
-        "padding_fraction",
-        "optimizer_steps",
-        "losses",
-    }
     for row in result["modes"].values():
-        assert set(row) == row_keys
         assert row["tokens_per_s"]["n"] == 1 and row["tokens_per_s"]["median"] > 0
         assert row["peak_memory_bytes"] is None or row["peak_memory_bytes"] > 0
-    for ratio in result["ratio"].values():
-        assert set(ratio) == {"of_medians", "median", "min", "max", "n"} and ratio["n"] == 1
+        assert row["first_step_s"]["n"] == 1 and row["model_tflops_per_s"]["median"] > 0
+    assert result["modes"]["flattened"]["attn"] == "flatcollate" and result["modes"]["padded"]["attn"] == "sdpa"
     assert result["environment"]["process_per_run"] is True and result["model"]["hidden_size"] == 32
-    assert "| trainer | real tokens/s" in printed and f"command: `{result['command']}`" in printed
+    assert result["environment"]["gradient_checkpointing"] in (True, False)
+    assert "| mode | real tokens/s" in printed and f"command: `{result['command']}`" in printed
     # the headline rule of every benchmark: CPU seconds on a CPU, the median of the within-repeat ratios
     head = result["headline"]
     assert head["metric"] == "real tokens per CPU second" and head["flattened_vs_padded"]["n"] == 1
-    expected = result["ratio"]["tokens_per_cpu_s"]["median"]
+    expected = result["ratios_vs_padded"]["flattened"]["tokens_per_cpu_s"]["median"]
     assert head["flattened_vs_padded"]["median"] == pytest.approx(expected)
     assert f"FlatDPOTrainer trains {expected:.2f}x the real tokens per CPU second of DPOTrainer" in printed
+
+
+def test_pass_flops_count_the_timed_sequences_and_the_reference_forward(smoke):
+    from flatcollate.bench.flops import training_flops
+    from flatcollate.bench.pairs import timed_lengths
+
+    result, _, _ = smoke
+    config, model = DPOBenchConfig(**result["config"]), result["model"]
+    lengths = timed_lengths(config, whole=False)
+    assert len(lengths) == 2 * config.steps * config.batch_size
+    layers, width = model["num_hidden_layers"], model["num_attention_heads"] * 16  # head_dim=16
+    linear = (result["pass_flops"] * 3 / 4 - training_flops(0, layers, width, lengths)) / (6 * lengths.sum())
+    assert linear == pytest.approx(round(linear)) and 0 < linear < model["parameters"]
 
 
 def test_smoke_run_trains_both_trainers_alike(smoke):
     result, _, _ = smoke
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]
-    assert padded["optimizer_steps"] == flattened["optimizer_steps"] == [3]
-    assert len(padded["losses"]) == len(flattened["losses"]) == 3
+    assert padded["optimizer_steps"] == flattened["optimizer_steps"] == 2
+    assert len(padded["losses"]) == len(flattened["losses"]) == 3  # the warm-up step's loss too
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
     assert abs(padded["losses"][0] - np.log(2)) < 1e-5  # the policy starts as its reference
 
@@ -222,15 +216,15 @@ def test_the_printed_command_reproduces_the_config(smoke):
     result, _, out = smoke
     argv = shlex.split(result["command"])
     assert argv[:4] == ["flatcollate", "bench", "--task", "dpo"] and argv[-2:] == ["--out-dir", str(out)]
-    assert dpo_config_from_args(build_parser().parse_args(argv[1:])) == DPOBenchConfig(**result["config"])
+    assert config_from_args(get_task("dpo"), build_parser().parse_args(argv[1:])) == DPOBenchConfig(**result["config"])
 
 
 def test_command_line_of_a_full_size_model():
     config = DPOBenchConfig(model="qwen2", tiny=False, model_overrides={"num_hidden_layers": 2}, lr=1e-5)
-    command = dpo_command_line(config, "out dir")
+    command = command_line(get_task("dpo"), config, "out dir")
     options = "--model qwen2 --lr 1e-05 --full-size --set num_hidden_layers=2 --out-dir 'out dir'"
     assert command == f"flatcollate bench --task dpo {options}"
-    assert dpo_config_from_args(build_parser().parse_args(shlex.split(command)[1:])) == config
+    assert config_from_args(get_task("dpo"), build_parser().parse_args(shlex.split(command)[1:])) == config
 
 
 @pytest.mark.parametrize(
@@ -239,7 +233,7 @@ def test_command_line_of_a_full_size_model():
 )
 def test_config_checks_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"`{field}`"):
-        check_dpo_config(DPOBenchConfig(**{field: value}))
+        check_fields(DPOBenchConfig(**{field: value}))
 
 
 # ---- the command line: one line, exit 2, before any work ------------------------------------------------------------
@@ -250,7 +244,7 @@ def no_run(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the benchmark ran despite a usage error")
 
-    monkeypatch.setattr(dpo_module, "run_dpo_bench", refuse)
+    monkeypatch.setattr(harness, "run_bench", refuse)
 
 
 @pytest.mark.parametrize(

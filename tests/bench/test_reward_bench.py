@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.bench import reward as reward_module
+from flatcollate.bench import harness
+from flatcollate.bench.cli import command_line, config_from_args
 from flatcollate.bench.config import DPOBenchConfig
-from flatcollate.bench.dpo_cli import dpo_command_line, dpo_config_from_args
-from flatcollate.bench.dpo_data import PairDraw, draw_pairs, padded_pair_tokens, reward_texts
-from flatcollate.bench.dpo_report import REWARD_REPORT_FILES
+from flatcollate.bench.harness import get_task
+from flatcollate.bench.pairs import PairDraw, draw_pairs, padded_pair_tokens, reward_texts
+from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 from flatcollate.profiles.pair_profile import load_pair_profile
 
@@ -86,17 +87,19 @@ def smoke(tmp_path_factory):
 
 def test_smoke_run_reports_every_field(smoke):
     result, printed, out = smoke
-    assert sorted(p.name for p in out.iterdir()) == sorted(REWARD_REPORT_FILES)
-    assert set(result) == {"task", "config", "environment", "model", "pairs", "modes", "ratio", "loss_equivalence"} | {
+    assert sorted(p.name for p in out.iterdir()) == sorted(report_files(result))
+    assert set(result) == {"task", "config", "environment", "model", "data", "modes", "ratios_vs_padded"} | {
         "headline",
-        "command"
+        "loss_equivalence",
+        "pass_flops",
+        "command",
     }
     assert result["task"] == "reward" and list(result["modes"]) == ["padded", "flattened"]
     for row in result["modes"].values():
         assert row["tokens_per_s"]["n"] == 1 and row["tokens_per_s"]["median"] > 0
         assert row["peak_memory_bytes"] is None or row["peak_memory_bytes"] > 0
-    for ratio in result["ratio"].values():
-        assert set(ratio) == {"of_medians", "median", "min", "max", "n"} and ratio["n"] == 1
+    ratio = result["ratios_vs_padded"]["flattened"]["tokens_per_cpu_s"]
+    assert ratio["n"] == 1 and ratio["median"] == result["headline"]["flattened_vs_padded"]["median"]
     assert result["environment"]["process_per_run"] is True and result["model"]["hidden_size"] == 32
     assert "trl.RewardTrainer" in printed and "FlatRewardTrainer trains" in printed
     assert f"command: `{result['command']}`" in printed and "DPO" not in printed
@@ -105,10 +108,10 @@ def test_smoke_run_reports_every_field(smoke):
 def test_smoke_run_trains_both_trainers_alike(smoke):
     result, _, _ = smoke
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]
-    assert padded["optimizer_steps"] == flattened["optimizer_steps"] == [3]
+    assert padded["optimizer_steps"] == flattened["optimizer_steps"] == 2
     assert len(padded["losses"]) == len(flattened["losses"]) == 3
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
-    assert result["pairs"]["truncated_sequences"] == 0
+    assert result["data"]["truncated_sequences"] == 0
 
 
 def test_smoke_run_padding_is_the_count_of_its_batches(smoke):
@@ -126,11 +129,13 @@ def test_the_printed_command_reproduces_the_config(smoke):
     result, _, out = smoke
     argv = shlex.split(result["command"])
     assert argv[:4] == ["flatcollate", "bench", "--task", "reward"] and argv[-2:] == ["--out-dir", str(out)]
-    assert dpo_config_from_args(build_parser().parse_args(argv[1:])) == DPOBenchConfig(**result["config"])
+    again = config_from_args(get_task("reward"), build_parser().parse_args(argv[1:]))
+    assert again == DPOBenchConfig(**result["config"])
 
 
 def test_command_line_of_the_defaults():
-    assert dpo_command_line(DPOBenchConfig(), "out", task="reward") == "flatcollate bench --task reward --out-dir out"
+    command = command_line(get_task("reward"), DPOBenchConfig(), "out")
+    assert command == "flatcollate bench --task reward --out-dir out"
 
 
 # ---- the command line: one line, exit 2, before any work ------------------------------------------------------------
@@ -141,7 +146,7 @@ def no_run(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the benchmark ran despite a usage error")
 
-    monkeypatch.setattr(reward_module, "run_reward_bench", refuse)
+    monkeypatch.setattr(harness, "run_bench", refuse)
 
 
 @pytest.mark.parametrize(

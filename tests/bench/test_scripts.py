@@ -153,7 +153,7 @@ def test_throughput_trains_every_pass_in_a_fresh_process(tmp_path, capsys):
     argv = ["--profiles", "gsm8k", "--modes", "padded", "flattened", "--repeats", "1", "--no-progress", *tiny]
     assert load("throughput").main([*argv, "--out-dir", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gsm8k" / "throughput.json").read_text())
-    assert result["environment"]["process_per_pass"] is True
+    assert result["environment"]["process_per_run"] is True
     assert list(result["modes"]) == ["padded", "flattened"]
     assert result["loss_equivalence"]["max_abs_loss_diff"] < 1e-5  # the same weights and batches in both processes
     assert "command: `python benchmarks/throughput.py --profiles gsm8k" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Bookkeeping of the throughput benchmark on a tiny run: tokens, padding, step counts, JSON keys, report files."""
+"""Bookkeeping of the text SFT benchmark on a tiny run: tokens, padding, step counts, JSON keys, report files."""
 
 import argparse
 import json
@@ -8,9 +8,7 @@ import pytest
 import torch
 
 import flatcollate
-from flatcollate.bench import batches as batches_module
-from flatcollate.bench import plan as plan_module
-from flatcollate.bench import throughput as throughput_module
+from flatcollate.bench import timing
 from flatcollate.bench.batches import (
     MODES,
     pad_batch,
@@ -20,10 +18,12 @@ from flatcollate.bench.batches import (
     synthetic_sequences,
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
-from flatcollate.bench.plan import PROFILE_FILL_SAMPLE
-from flatcollate.bench.report import REPORT_FILES, headline_lines, markdown_table, summary_text, write_report
+from flatcollate.bench.config import ThroughputConfig
+from flatcollate.bench.harness import get_task, in_process, run_bench
+from flatcollate.bench.report import headline_lines, markdown_table, report_files, summary_text, write_report
 from flatcollate.bench.summary import cpu_name, headline
-from flatcollate.bench.throughput import MAX_SETTLE_PASSES, ThroughputConfig, run_throughput
+from flatcollate.bench.tasks.sft import PROFILE_FILL_SAMPLE
+from flatcollate.bench.timing import MAX_SETTLE_PASSES
 from flatcollate.profiles import LengthProfile, load_profile, padded_fill
 
 TINY = {
@@ -41,6 +41,11 @@ CONFIG = ThroughputConfig(
 
 
 THREADS_BEFORE = torch.get_num_threads()
+
+
+def run_throughput(config, **kwargs):
+    """The SFT benchmark with every run in this process (`test_the_bench_command_...` below starts real workers)."""
+    return run_bench("sft", config, runner=in_process, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -132,38 +137,39 @@ def test_bad_config_values_raise_before_any_work(field, value, message):
 
 def test_result_keys_and_counts(result):
     assert set(result) == {
+        "task",
         "config",
         "environment",
         "headline",
-        "pool",
+        "data",
         "modes",
         "ratios_vs_padded",
         "loss_equivalence",
-        "skipped",
         "model",
         "pass_flops",
     }
     assert list(result["modes"]) == list(MODES)
-    pool = result["pool"]
+    pool = result["data"]
     assert pool["sequences"] == CONFIG.steps * CONFIG.batch_size
     seqs = synthetic_sequences(
         load_profile("gsm8k"), pool["sequences"], max_length=96, vocab_size=TINY["vocab_size"], seed=CONFIG.seed
     )
     assert pool["real_tokens"] == int(seqs.lengths.sum()) and pool["truncated"] == seqs.truncated
     for mode, row in result["modes"].items():
-        assert row["real_tokens_per_epoch"] == pool["real_tokens"], mode
+        assert row["real_tokens"] == pool["real_tokens"], mode
         assert row["tokens_per_s"]["n"] == CONFIG.repeats
         assert row["tokens_per_cpu_s"]["n"] == CONFIG.repeats  # the tiny run is on the CPU
-        assert row["seconds_per_step"]["n"] == CONFIG.repeats * row["steps_per_epoch"]
+        assert row["seconds_per_step"]["n"] == CONFIG.repeats * row["optimizer_steps"]
         assert row["tokens_per_s"]["min"] <= row["tokens_per_s"]["median"] <= row["tokens_per_s"]["max"]
-        assert len(row["losses"]) == row["steps_per_epoch"]
+        assert len(row["losses"]) == row["optimizer_steps"] and row["collate_s"] > 0
         assert row["first_step_s"]["n"] == CONFIG.repeats and row["mfu"] is None  # no known peak on a CPU
         tflops, tps = row["model_tflops_per_s"]["median"], row["tokens_per_s"]["median"]
         assert tflops * 1e12 == pytest.approx(result["pass_flops"] * tps / pool["real_tokens"], rel=1e-6)
     modes = result["modes"]
-    assert modes["padded"]["steps_per_epoch"] == modes["flattened"]["steps_per_epoch"] == CONFIG.steps
+    assert modes["padded"]["optimizer_steps"] == modes["flattened"]["optimizer_steps"] == CONFIG.steps
     assert modes["padded"]["padding_fraction"] == pytest.approx(1 - padded_fill(seqs.lengths, batch_size=3))
-    assert modes["padded_max"]["computed_tokens_per_epoch"] == CONFIG.steps * CONFIG.batch_size * 96
+    assert modes["padded_max"]["computed_tokens"] == CONFIG.steps * CONFIG.batch_size * 96
+    assert modes["padded"]["attn"] == "sdpa" and modes["flattened"]["attn"] == "flatcollate"
     assert modes["flattened"]["padding_fraction"] == 0
     for key in ("tokens_per_s", "tokens_per_cpu_s"):
         assert result["ratios_vs_padded"]["padded"][key]["median"] == pytest.approx(1.0)
@@ -180,9 +186,10 @@ def test_padded_and_flattened_losses_coincide(result):
 
 def test_report_files(result, tmp_path):
     paths = write_report(result, tmp_path / "out")
-    assert [p.name for p in paths] == list(REPORT_FILES)
+    assert [p.name for p in paths] == list(report_files(result))
+    assert report_files(result) == ("throughput.json", "throughput.md", "throughput.png", "throughput_loss_curves.png")
     assert all(p.stat().st_size > 0 for p in paths)
-    assert json.loads(paths[0].read_text())["pool"] == result["pool"]
+    assert json.loads(paths[0].read_text())["data"] == result["data"]
     table = markdown_table(result)
     assert [line.split("|")[1].strip() for line in table.splitlines()[2:]] == list(MODES)
     text = paths[1].read_text()
@@ -212,8 +219,10 @@ def test_cpu_runs_default_to_one_thread_and_restore_the_setting(result):
     assert result["environment"]["torch_threads"] == 1
     assert result["environment"]["device"] == cpu_name() != ""
     assert torch.get_num_threads() == THREADS_BEFORE
-    assert all(1 <= n <= MAX_SETTLE_PASSES for n in result["environment"]["warm_up_passes"].values())
-    assert list(result["environment"]["warm_up_passes"]) == list(MODES)
+    for row in result["modes"].values():
+        assert len(row["warm_up_passes"]) == CONFIG.repeats
+        assert all(1 <= n <= MAX_SETTLE_PASSES for n in row["warm_up_passes"])
+    assert result["environment"]["process_per_run"] is False  # in_process
 
 
 def _runs(padded_s, flattened_s):
@@ -242,75 +251,29 @@ def test_noisy_headline_prints_a_warning_with_what_to_do(result):
 
 
 def test_summary_explains_the_real_token_share(result):
-    fill = result["pool"]["profile_padded_fill"]
+    fill = result["data"]["profile_padded_fill"]
     seqs = load_profile("gsm8k").sample(PROFILE_FILL_SAMPLE, seed=CONFIG.seed)
     assert fill["untruncated"] == pytest.approx(padded_fill(seqs[0] + seqs[1], batch_size=CONFIG.batch_size))
     text = summary_text(result)
     assert f"{fill['truncated']:.1%} truncated to max_length, {fill['untruncated']:.1%} untruncated" in text
 
 
-def test_packed_mode_is_skipped_without_packing(monkeypatch):
-    monkeypatch.setattr(plan_module, "has_packing", lambda: False)
-    config = ThroughputConfig(
-        model_overrides=TINY, profile="gsm8k", batch_size=2, max_length=128, steps=1, warmup_steps=0, repeats=1
-    )
-    result = run_throughput(config, progress=False)
-    assert "packed" not in result["modes"] and "packed" in result["skipped"]
-
-
-class RecordingBar:
-    """A tqdm stand-in that records every total it is given and the steps it advances."""
-
-    def __init__(self, *, total, **kwargs):
-        self.totals, self.n = [total], 0
-
-    @property
-    def total(self):
-        return self.totals[-1]
-
-    @total.setter
-    def total(self, value):
-        self.totals.append(value)
-
-    def update(self, n=1):
-        self.n += n
-
-    def set_postfix(self, **kwargs):
-        pass
-
-    def close(self):
-        pass
-
-
-@pytest.mark.parametrize("pass_seconds", [[1.0, 1.05], [1.0, 2.0, 4.0, 8.0]], ids=["settles", "never-settles"])
-def test_settle_advances_the_bar_by_its_whole_budget_and_keeps_the_total(monkeypatch, pass_seconds):
+@pytest.mark.parametrize(
+    ("pass_seconds", "passes"),
+    [([1.0, 1.05], 2), ([1.0, 2.0, 4.0, 8.0], MAX_SETTLE_PASSES), ([1.0, 0.5, 0.52], 3), ([70.0, 1.0], 1)],
+    ids=["settles", "never-settles", "settles-late", "over-the-time-limit"],
+)
+def test_settle_stops_when_two_passes_agree_or_at_its_limits(monkeypatch, pass_seconds, passes):
     seconds = iter(pass_seconds)
 
-    def timed_pass(model, batches, initial, *, lr, device, bar):
-        bar.update(len(batches))
+    def run_pass(model, batches, initial, *, lr, device):
         return {"step_s": [next(seconds) / len(batches)] * len(batches)}
 
-    monkeypatch.setattr(throughput_module, "run_pass", timed_pass)
-    batches = ["batch"] * 3
-    budget = MAX_SETTLE_PASSES * len(batches)
-    bar = RecordingBar(total=budget)
-    settled = throughput_module.settle(None, batches, {}, lr=1e-3, device=torch.device("cpu"), bar=bar)
-    assert settled["settle_passes"] == len(pass_seconds)
-    assert bar.totals == [budget] and bar.n == budget
-
-
-def test_progress_bar_total_is_right_from_the_start(monkeypatch):
-    bars = []
-    monkeypatch.setattr(throughput_module, "tqdm", lambda **kwargs: bars.append(RecordingBar(**kwargs)) or bars[-1])
-    sizes = {"profile": "gsm8k", "batch_size": 2, "max_length": 128, "steps": 2, "repeats": 1}
-    config = ThroughputConfig(model_overrides=TINY, modes=("padded", "flattened"), **sizes)
-    run_throughput(config, progress=True)
-    [bar] = bars
-    assert len(bar.totals) == 1 and bar.n == bar.total
-
-
-def test_has_packing_detects_the_module():
-    assert batches_module.has_packing() is True
+    monkeypatch.setattr(timing, "run_pass", run_pass)
+    settled = timing.settle(None, ["batch"] * 3, {}, lr=1e-3, device=torch.device("cpu"))
+    assert settled["settle_passes"] == passes
+    assert settled["first_step_s"] == pytest.approx(pass_seconds[0] / 3)
+    assert settled["warm_up_s"] == pytest.approx(sum(pass_seconds[:passes]))
 
 
 def test_cli_options_build_the_config():
@@ -319,12 +282,13 @@ def test_cli_options_build_the_config():
     args = parser.parse_args(
         ["--set", "hidden_size=96", "--set", "rope_scaling=null", "--modes", "padded", "flattened"]
     )
-    config = config_from_args(args, profile="hh_rlhf")
+    args.profile = "hh_rlhf"
+    config = config_from_args(get_task("sft"), args)
     assert config.model_overrides["hidden_size"] == 96 and config.model_overrides["rope_scaling"] is None
     assert config.model_overrides["num_hidden_layers"] == ThroughputConfig().model_overrides["num_hidden_layers"]
     assert config.modes == ("padded", "flattened") and config.profile == "hh_rlhf"
     with pytest.raises(ValueError, match="--set expects KEY=VALUE"):
-        config_from_args(parser.parse_args(["--set", "hidden_size"]), profile="flan")
+        config_from_args(get_task("sft"), parser.parse_args(["--set", "hidden_size"]))
 
 
 def test_cuda_memory_is_measured_when_available():
@@ -342,7 +306,7 @@ def test_bench_is_a_flatcollate_subcommand():
     from flatcollate.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--profile", "gsm8k", "--steps", "1"])
-    config = config_from_args(args, profile=args.profile)
+    config = config_from_args(get_task("sft"), args)
     assert callable(args.func) and config.steps == 1 and config.profile == "gsm8k"
     assert config == ThroughputConfig(profile="gsm8k", steps=1)
 
@@ -353,8 +317,9 @@ def test_set_keys_are_checked_against_the_config(tmp_path):
 
     config = ThroughputConfig(model_overrides={**TINY, "hidden_sise": 256})
     with pytest.raises(UsageError, match="no attribute 'hidden_sise'; did you mean hidden_size"):
-        validate(config, tmp_path, set_keys={"hidden_sise"})
-    validate(ThroughputConfig(model_overrides={**TINY, "rms_norm_eps": 1e-5}), tmp_path, set_keys={"rms_norm_eps"})
+        validate(get_task("sft"), config, tmp_path, set_keys={"hidden_sise"})
+    config = ThroughputConfig(model_overrides={**TINY, "rms_norm_eps": 1e-5})
+    validate(get_task("sft"), config, tmp_path, set_keys={"rms_norm_eps"})
 
 
 def test_the_bench_command_trains_every_mode_in_its_own_process(tmp_path, capsys):
@@ -364,7 +329,7 @@ def test_the_bench_command_trains_every_mode_in_its_own_process(tmp_path, capsys
     argv = ["bench", "--steps", "1", "--repeats", "2", "--modes", "padded", "flattened", "--no-progress"]
     assert main([*argv, "--out-dir", str(tmp_path)]) in (0, None)
     result = json.loads((tmp_path / "throughput.json").read_text())
-    assert result["environment"]["process_per_pass"] is True
+    assert result["environment"]["process_per_run"] is True
     out = capsys.readouterr().out
     assert "x padded" in out and "each run a fresh process" in out
 

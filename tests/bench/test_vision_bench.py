@@ -12,8 +12,9 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_res
 
 from flatcollate.bench.batches import real_tokens, slot_tokens
 from flatcollate.bench.cli import register_cli
-from flatcollate.bench.vision import measure_vision_mode, run_vision_bench
-from flatcollate.bench.vision_config import VisionBenchConfig, build_vision_model, vision_config_from_json
+from flatcollate.bench.harness import in_process, run_bench
+from flatcollate.bench.report import report_files, summary_text, write_report
+from flatcollate.bench.tasks.vision import VisionBenchConfig, build_vision_model
 from flatcollate.bench.vision_inputs import (
     MAX_PIXELS,
     MIN_PIXELS,
@@ -23,7 +24,6 @@ from flatcollate.bench.vision_inputs import (
     padded_vision_batch,
     vision_examples,
 )
-from flatcollate.bench.vision_report import VISION_REPORT_FILES, vision_summary_text, write_vision_report
 from flatcollate.cli import UsageError
 from flatcollate.profiles import load_profile
 from flatcollate.vision import VisionDataCollatorWithFlattening
@@ -38,19 +38,14 @@ CONFIG = VisionBenchConfig(
     warmup_steps=1,
     repeats=2,
     max_pixels=SMALL_PIXELS,
-    text_model=TINY_TEXT,
+    model_overrides=TINY_TEXT,
 )
-
-
-def in_this_process(command, payload):
-    """A runner measuring one (mode, repeat) here instead of in a worker process (the command-line test below starts
-    real workers)."""
-    return measure_vision_mode(vision_config_from_json(payload["case"]["config"]), payload["variant"])
 
 
 @pytest.fixture(scope="module")
 def result():
-    return run_vision_bench(CONFIG, progress=False, runner=in_this_process)
+    """Every run in this process (the command-line test below starts real workers)."""
+    return run_bench("vision", CONFIG, progress=False, runner=in_process)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +119,11 @@ def test_examples_hold_one_placeholder_per_image_token(model):
 def test_run_reports_padding_steps_losses_and_memory(result):
     modes = result["modes"]
     assert list(modes) == ["padded", "flattened"]
-    assert modes["padded"]["steps_per_epoch"] == modes["flattened"]["steps_per_epoch"] == CONFIG.steps
-    assert modes["padded"]["real_tokens_per_epoch"] == modes["flattened"]["real_tokens_per_epoch"]
-    assert result["pool"]["real_tokens"] == modes["padded"]["real_tokens_per_epoch"]
-    efficiency = modes["padded"]["real_tokens_per_epoch"] / modes["padded"]["computed_tokens_per_epoch"]
-    assert result["pool"]["padding_efficiency"] == pytest.approx(efficiency)
+    assert modes["padded"]["optimizer_steps"] == modes["flattened"]["optimizer_steps"] == CONFIG.steps
+    assert modes["padded"]["real_tokens"] == modes["flattened"]["real_tokens"] == result["data"]["real_tokens"]
+    efficiency = modes["padded"]["real_tokens"] / modes["padded"]["computed_tokens"]
+    assert result["data"]["padding_efficiency"] == pytest.approx(efficiency)
+    assert modes["flattened"]["attn"] == "flatcollate" and modes["padded"]["attn"] == "sdpa"
     assert modes["flattened"]["padding_fraction"] == 0.0
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
     assert all(len(m["losses"]) == CONFIG.steps for m in modes.values())
@@ -137,18 +132,19 @@ def test_run_reports_padding_steps_losses_and_memory(result):
     assert result["headline"]["flattened_vs_padded"]["n"] == CONFIG.repeats
     assert result["environment"]["torch_threads"] == 1 and result["environment"]["device_type"] == "cpu"
     assert result["model"]["model_type"] == "qwen2_5_vl" and result["model"]["hidden_size"] == 32
-    assert result["images"]["max_pixels"] == SMALL_PIXELS
-    assert result["pool"]["image_tokens"] + result["pool"]["text_tokens"] == result["pool"]["real_tokens"]
+    assert result["config"]["max_pixels"] == SMALL_PIXELS and "max_pixels 9408" in result["data"]["image_distribution"]
+    pool = draw_vision_pool(load_profile("gsm8k"), 6, max_length=48, images=CONFIG.images, seed=CONFIG.seed)
+    assert result["data"]["image_tokens"] == int(pool.lengths.sum() - pool.text.lengths.sum()) > 0
     json.dumps(result)
 
 
 def test_summary_and_report_files(result, tmp_path):
-    text = vision_summary_text(result)
+    text = summary_text(result)
     assert "padding efficiency of padded batches" in text and "device CPU" in text
     assert "| padded |" in text and "| flattened |" in text
     assert "flatcollate (flattened) trains" in text
-    paths = write_vision_report(result, tmp_path)
-    assert sorted(p.name for p in paths) == sorted(VISION_REPORT_FILES)
+    paths = write_report(result, tmp_path)
+    assert [p.name for p in paths] == list(report_files(result)) and paths[3].name == "vision_loss_curves.png"
     assert json.loads((tmp_path / "vision.json").read_text())["config"]["max_pixels"] == SMALL_PIXELS
 
 
@@ -167,7 +163,7 @@ def test_command_line_runs_the_vision_profile(tmp_path, capsys):
     assert "qwen2_5_vl" in out and "wrote" in out
     assert (tmp_path / "vision.md").is_file()
     result = json.loads((tmp_path / "vision.json").read_text())
-    assert result["environment"]["process_per_pass"] is True  # each (mode, repeat) trained in a worker process
+    assert result["environment"]["process_per_run"] is True  # each (mode, repeat) trained in a worker process
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
     assert result["modes"]["flattened"]["padding_fraction"] == 0.0
 
@@ -190,6 +186,7 @@ def test_command_line_refuses_batches_without_a_labelled_token(tmp_path):
         (["--set", "hiden_size=3"], "did you mean hidden_size"),
         (["--set", "hidden_size=0"], "hidden_size is a positive integer"),
         (["--max-pixels", "100"], "min_pixels"),
+        (["--task", "dpo"], "--vision does not apply to --task dpo"),
     ],
 )
 def test_command_line_refuses_what_the_vision_profile_cannot_take(argv, message, tmp_path):

@@ -1,5 +1,5 @@
-"""What the DPO benchmark trains on: preference pairs whose lengths are drawn from a pair profile, as text of random
-words for an offline word-level tokenizer, and the padding `trl.DPOTrainer`'s batches of them carry.
+"""What the preference benchmarks (`dpo`, `reward`) train on: preference pairs whose lengths are drawn from a pair
+profile, as text of random words for an offline word-level tokenizer, and the padding TRL's batches of them carry.
 
 TRL tokenizes the prompt and each reply and appends the eos to each reply, so a pair of lengths `(p, c, r)` trains two
 sequences of `p + c + 1` and `p + r + 1` tokens, each cut to `max_length`. A batch of `N` pairs is `2N` sequences,
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..profiles.pair_profile import load_pair_profile
 from .config import DPOBenchConfig
+from .harness import Workload
 
 EOS_PER_REPLY = 1
 """Tokens TRL appends to every reply of a text (not conversational) dataset: the eos."""
@@ -136,3 +137,69 @@ def reward_texts(draw: PairDraw, *, vocab_size: int, seed: int) -> list[dict[str
     """
     rows = pair_texts(draw, vocab_size=vocab_size, seed=seed)
     return [{key: row["prompt"] + row[key] for key in ("chosen", "rejected")} for row in rows]
+
+
+def pair_workload(config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...]) -> Workload:
+    """What both trainers train on in their timed steps (after `warmup_steps`): the sequences of the drawn pairs,
+    padded (`padded`) or not (`flattened`); `whole` as in `draw_pairs`."""
+    draw = draw_pairs(config, whole=whole)
+    chosen, rejected = draw.sequence_lengths()
+    real, slots = padded_pair_tokens(chosen, rejected, batch_size=config.batch_size)
+    real, slots = int(real[config.warmup_steps :].sum()), int(slots[config.warmup_steps :].sum())
+    data = {
+        "pairs": int(draw.prompt.size),
+        "timed_pairs": config.steps * config.batch_size,
+        "mean_sequence_length": float(np.concatenate([chosen, rejected]).mean()),
+        "longest_sequence": int(max(chosen.max(), rejected.max())),
+        "truncated_sequences": draw.truncated,
+        "profile_padding_fraction": profile_padding(config, whole=whole),
+    }
+    steps = {mode: config.steps for mode in modes}
+    return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)
+
+
+def timed_lengths(config: DPOBenchConfig, *, whole: bool) -> np.ndarray:
+    """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps (for their model FLOPs)."""
+    draw = draw_pairs(config, whole=whole)
+    first = config.warmup_steps * config.batch_size
+    return np.concatenate([lengths[first:] for lengths in draw.sequence_lengths()])
+
+
+def pair_lines(result: dict, *, padded: str) -> list[str]:
+    """The report's lines about the pairs drawn and the padding of `padded`'s batches."""
+    config, data = result["config"], result["data"]
+    return [
+        f"{config['batch_size']} pairs ({2 * config['batch_size']} sequences) per step; {data['pairs']} pairs drawn "
+        f"({data['timed_pairs']} in the timed steps), mean sequence length {data['mean_sequence_length']:.0f} tokens "
+        f"(reply + eos), longest {data['longest_sequence']}, {data['truncated_sequences']} sequences truncated to "
+        "max_length",
+        f"padding of {padded}'s batches: {result['modes']['padded']['padding_fraction']:.1%} for the timed pairs, "
+        f"{data['profile_padding_fraction']:.1%} over {PROFILE_FILL_PAIRS:,} pairs of the profile",
+    ]
+
+
+def validate_pairs(config: DPOBenchConfig, *, trainer: str, whole: bool) -> None:
+    """Raise `UsageError` for what would fail later: trl missing, an unknown pair profile, a `max_length`
+    no pair's prompt (with `whole`: no whole pair) fits in. `trainer` names TRL's trainer in the messages."""
+    import importlib.util
+
+    from ..cli import UsageError
+
+    if importlib.util.find_spec("trl") is None:
+        raise UsageError(f"this benchmark trains with trl.{trainer}, and trl is not installed: pip install trl.")
+    try:
+        profile = load_pair_profile(config.profile)
+    except ValueError as error:
+        raise UsageError(f"--profile {config.profile}: {str(error).splitlines()[0]}") from None
+    shortest = int(profile.prompt.min())
+    if shortest >= config.max_length:
+        raise UsageError(
+            f"--max-length {config.max_length}: every prompt of the pair profile {config.profile} is at least "
+            f"{shortest} tokens, and TRL drops pairs whose prompt fills max_length; raise --max-length."
+        )
+    pair = int((profile.prompt + np.maximum(profile.chosen, profile.rejected)).min()) + EOS_PER_REPLY
+    if whole and pair > config.max_length:
+        raise UsageError(
+            f"--max-length {config.max_length}: no pair of the pair profile {config.profile} fits (the shortest, "
+            f"prompt + longer reply + eos, is {pair} tokens), and {trainer} drops longer pairs; raise --max-length."
+        )

@@ -1,0 +1,73 @@
+"""DPO (`flatcollate bench --task dpo`): `trl.DPOTrainer` on padded batches against `FlatDPOTrainer` on flattened
+rows, on preference pairs whose lengths follow a real pair profile (`flatcollate.bench.pairs`).
+
+A worker builds the model from the seed (a tiny random-weight causal LM by default), its reference copy and the
+offline word-level tokenizer, writes the drawn pairs as text and trains `warmup_steps + steps` optimizer steps with a
+constant-rate AdamW, the batches in dataset order (`flatcollate.bench.trainers`). Both trainers see the same batches
+from the same weights, so their losses must agree step by step.
+"""
+
+import copy
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from ..build import build_on_device, model_config
+from ..config import DPOBenchConfig
+from ..harness import Task
+from ..pairs import draw_pairs, pair_lines, pair_texts, pair_workload, timed_lengths, validate_pairs
+from ..trainers import check_lengths, train
+
+MODES = ("padded", "flattened")
+
+
+def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
+    """Worker: train `DPOTrainer` (`padded`) or `FlatDPOTrainer` (`flattened`); `FlatDPOTrainer` prepares its own
+    copy of the model."""
+    import trl
+
+    from ...integrations.trl import FlatDPOTrainer
+    from ...synthetic import offline_tokenizer
+
+    model = build_on_device(
+        AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
+    )
+    draw = draw_pairs(config)
+    expected = np.stack([draw.prompt, draw.chosen + 1, draw.rejected + 1], axis=1)  # eos after each reply
+    return train(
+        {"padded": trl.DPOTrainer, "flattened": FlatDPOTrainer}[mode],
+        trl.DPOConfig,
+        config,
+        device,
+        rows=pair_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
+        check=lambda dataset: check_lengths(dataset, ("prompt_ids", "chosen_ids", "rejected_ids"), expected),
+        timed_lengths=timed_lengths(config, whole=False),
+        model=model,
+        ref_model=copy.deepcopy(model),
+        processing_class=offline_tokenizer(model.config.vocab_size),
+    )
+
+
+TASK = Task(
+    name="dpo",
+    flag="--task dpo",
+    config=DPOBenchConfig,
+    files="dpo",
+    modes={
+        "padded": "trl.DPOTrainer: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
+        "flattened": "flatcollate FlatDPOTrainer: the 2N sequences in one flattened row, the flatcollate backend",
+    },
+    subject="FlatDPOTrainer",
+    baseline="DPOTrainer",
+    options=frozenset({"model", "full_size"}),
+    scope="it compares trl.DPOTrainer on padded batches with FlatDPOTrainer on flattened rows",
+    workload=lambda config: pair_workload(config, whole=False, modes=MODES),
+    measure=measure,
+    data_lines=lambda result: pair_lines(result, padded="DPOTrainer"),
+    validate=lambda config: validate_pairs(config, trainer="DPOTrainer", whole=False),
+    legend=(
+        "- a step runs from the end of the step before to its own end: collation, reference and policy forwards, "
+        "backward, optimizer; the policy starts as its reference copy; gradient checkpointing as DPOConfig's default",
+    ),
+)

@@ -1,0 +1,74 @@
+"""Reward modelling (`flatcollate bench --task reward`): `trl.RewardTrainer` on padded batches against
+`FlatRewardTrainer` on flattened rows, on the preference pairs of the DPO task (`flatcollate.bench.pairs`).
+
+A worker builds a random-weight sequence-classification model with one score (`num_labels=1`) from the seed, writes
+the drawn pairs as TRL's `chosen` / `rejected` texts (prompt + reply) and trains as the DPO task does
+(`flatcollate.bench.trainers`). `RewardTrainer` drops pairs longer than `max_length` instead of truncating them, so
+only pairs whose two sequences fit are drawn.
+"""
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from ..build import build_on_device, model_config
+from ..config import DPOBenchConfig
+from ..harness import Task
+from ..pairs import draw_pairs, pair_lines, pair_workload, reward_texts, timed_lengths, validate_pairs
+from ..trainers import check_lengths, train
+
+MODES = ("padded", "flattened")
+
+
+def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
+    """Worker: train `RewardTrainer` (`padded`) or `FlatRewardTrainer` (`flattened`), which prepares its own
+    backbone."""
+    import trl
+
+    from ...integrations.trl import FlatRewardTrainer
+    from ...synthetic import offline_tokenizer
+
+    score_config = model_config(config)
+    score_config.num_labels = 1
+    model = build_on_device(
+        AutoModelForSequenceClassification, score_config, device=device, dtype=config.dtype, seed=config.seed
+    )
+    tokenizer = offline_tokenizer(model.config.vocab_size)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    draw = draw_pairs(config, whole=True)
+    expected = np.stack(draw.sequence_lengths(), axis=1)
+    return train(
+        {"padded": trl.RewardTrainer, "flattened": FlatRewardTrainer}[mode],
+        trl.RewardConfig,
+        config,
+        device,
+        rows=reward_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
+        check=lambda dataset: check_lengths(dataset, ("chosen_ids", "rejected_ids"), expected),
+        timed_lengths=timed_lengths(config, whole=True),
+        model=model,
+        processing_class=tokenizer,
+    )
+
+
+TASK = Task(
+    name="reward",
+    flag="--task reward",
+    config=DPOBenchConfig,
+    files="reward",
+    modes={
+        "padded": "trl.RewardTrainer: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
+        "flattened": "flatcollate FlatRewardTrainer: the 2N sequences in one flattened row, the flatcollate backend",
+    },
+    subject="FlatRewardTrainer",
+    baseline="RewardTrainer",
+    options=frozenset({"model", "full_size"}),
+    scope="it compares trl.RewardTrainer on padded batches with FlatRewardTrainer on flattened rows",
+    workload=lambda config: pair_workload(config, whole=True, modes=MODES),
+    measure=measure,
+    data_lines=lambda result: pair_lines(result, padded="RewardTrainer"),
+    validate=lambda config: validate_pairs(config, trainer="RewardTrainer", whole=True),
+    legend=(
+        "- a step runs from the end of the step before to its own end: collation, forward, backward, optimizer; one "
+        "score per sequence (num_labels=1)",
+    ),
+)

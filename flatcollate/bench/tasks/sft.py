@@ -1,0 +1,173 @@
+"""Text SFT (`flatcollate bench`): padded, padded to max_length, transformers' own padding-free path, flattened and
+packed batches of the same synthetic sequences, drawn from a length profile (`flatcollate.bench.batches`).
+
+Every mode trains the same model from the same initial weights on the same sequences, so the loss curves of `padded`
+and `flattened` must coincide. The parent collates every mode's batches once to count their tokens; each worker
+collates its own mode's again, from the same seed.
+"""
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from ...profiles.load import load_profile, padded_fill
+from ..batches import (
+    SyntheticSequences,
+    check_labelled,
+    default_pack_len,
+    real_tokens,
+    step_batches,
+    synthetic_sequences,
+)
+from ..build import build_on_device, model_config, model_summary
+from ..config import CPU_MODEL, PEER_MODE, ThroughputConfig
+from ..flops import attention_width, linear_parameters, training_flops
+from ..harness import Task, Workload
+from ..timing import timed_pass
+
+PROFILE_FILL_SAMPLE = 20_000
+"""Sequences drawn to estimate the profile's own padded real-token share (not only the few a run trains)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the modes train on: the drawn sequences, each mode's timed and warm-up batches, the pack length."""
+
+    pool: SyntheticSequences
+    pack_len: int
+    modes: list[str]
+    batches: dict[str, list[dict]]
+    warm_batches: dict[str, list[dict]]
+    collate_s: dict[str, float]
+
+
+def plan_batches(config: ThroughputConfig, *, vocab_size: int, modes: Sequence[str]) -> Plan:
+    """Draw the sequences (the same in every process) and collate each of `modes`' batches, timing the collation."""
+    from ... import DataCollatorWithFlattening
+
+    profile = load_profile(config.profile)
+    draw = {"max_length": config.max_length, "vocab_size": vocab_size}
+    pool = synthetic_sequences(profile, config.steps * config.batch_size, seed=config.seed, **draw)
+    warm = synthetic_sequences(profile, config.batch_size, seed=config.seed + 1, **draw)
+    pack_len = config.pack_len or default_pack_len(pool, batch_size=config.batch_size, max_length=config.max_length)
+    kwargs = {"batch_size": config.batch_size, "max_length": config.max_length, "pack_len": pack_len}
+    kwargs["flattening_collator"] = DataCollatorWithFlattening()
+    batches, warm_batches, collate_s = {}, {}, {}
+    for mode in modes:
+        start = time.perf_counter()
+        batches[mode] = step_batches(pool, mode, **kwargs)
+        collate_s[mode] = time.perf_counter() - start
+        check_labelled(batches[mode], mode, max_length=config.max_length)
+        warm_batches[mode] = step_batches(warm, mode, **kwargs)[: config.warmup_steps]
+    return Plan(pool, pack_len, list(modes), batches, warm_batches, collate_s)
+
+
+def profile_fill(config: ThroughputConfig) -> dict[str, float]:
+    """The real-token share a padded batch of this size has over the whole profile, cut to `max_length` and not."""
+    prompt, completion = load_profile(config.profile).sample(PROFILE_FILL_SAMPLE, seed=config.seed)
+    return {
+        "truncated": padded_fill(np.minimum(prompt + completion, config.max_length), batch_size=config.batch_size),
+        "untruncated": padded_fill(prompt + completion, batch_size=config.batch_size),
+    }
+
+
+def workload(config: ThroughputConfig) -> Workload:
+    """Every mode's batches, collated here to count their tokens and steps and time their collation."""
+    plan = plan_batches(config, vocab_size=model_config(config).vocab_size, modes=config.modes)
+    pool = plan.pool
+    data = {
+        "sequences": len(pool.lengths),
+        "real_tokens": int(pool.lengths.sum()),
+        "mean_length": float(pool.lengths.mean()),
+        "max_length_seen": int(pool.lengths.max()),
+        "truncated": pool.truncated,
+        "pack_len": int(plan.pack_len),
+        "profile_padded_fill": profile_fill(config),
+    }
+    assert sum(real_tokens(b) for b in plan.batches[plan.modes[0]]) == data["real_tokens"]
+    return Workload.from_batches(plan.batches, data, plan.collate_s)
+
+
+def measure(config: ThroughputConfig, mode: str, device: torch.device) -> dict:
+    """Worker: build the model (prepared by flatcollate unless the mode is transformers' own path), collate the mode's
+    batches, warm up and time one pass (`flatcollate.bench.timing.timed_pass`)."""
+    from ...attention import register_packed_attention
+    from ...modeling.prepare import prepare_model_for_flattening
+
+    model = build_on_device(
+        AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
+    )
+    if mode != PEER_MODE:  # transformers' own padding-free path runs on a model flatcollate has not prepared
+        model = prepare_model_for_flattening(model)
+        flat = register_packed_attention() if config.flattened_attn == "auto" else config.flattened_attn
+        model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat)
+    plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=[mode])
+    figures = timed_pass(model, plan.batches[mode], plan.warm_batches[mode], lr=config.lr, device=device)
+    layers, width = attention_width(model.config)
+    return {
+        **figures,
+        "attn": model.config._attn_implementation,
+        "pass_flops": training_flops(linear_parameters(model), layers, width, plan.pool.lengths),
+        "model": model_summary(model),
+        "environment": {},
+    }
+
+
+def data_lines(result: dict) -> list[str]:
+    """The sequences trained on and the real-token share of padded batches, of them and of the whole profile."""
+    config, data = result["config"], result["data"]
+    lines = [
+        f"{data['sequences']} sequences, {data['real_tokens']} real tokens, mean length {data['mean_length']:.0f}, "
+        f"{data['truncated']} truncated to max_length"
+    ]
+    if "padded" in result["modes"]:
+        fill, profile = 1 - result["modes"]["padded"]["padding_fraction"], data["profile_padded_fill"]
+        lines.append(
+            f"real tokens in padded batches of {config['batch_size']}: {fill:.1%} for these {data['sequences']} "
+            f"sequences; over the whole '{config['profile']}' profile {profile['truncated']:.1%} truncated to "
+            f"max_length, {profile['untruncated']:.1%} untruncated (a short run draws few of the long tail)"
+        )
+    return lines
+
+
+def validate(config: ThroughputConfig) -> None:
+    """The profile, the attention backend, the pack length, the head counts and the memory it needs."""
+    from ..options import check_attn, check_heads, check_memory, check_pack_len, check_profile
+    from ..timing import resolve_device
+
+    check_profile(config.profile)
+    device = resolve_device(config.device).type
+    check_attn(config.flattened_attn, device)
+    check_pack_len(config.pack_len, config.max_length)
+    base = CPU_MODEL if config.tiny else {}
+    given = {k: v for k, v in config.model_overrides.items() if base.get(k) != v}
+    check_heads(model_config(config), given)
+    check_memory(config, device)
+
+
+TASK = Task(
+    name="sft",
+    flag="--task sft",
+    config=ThroughputConfig,
+    files="throughput",
+    modes={
+        "padded": "padded to the longest in the batch, attention_mask, sdpa",
+        "padded_max": "padded to max_length, attention_mask, sdpa",
+        PEER_MODE: "transformers' DataCollatorWithFlattening + the model's own sdpa (padding-free without "
+        "flatcollate)",
+        "flattened": "flatcollate: DataCollatorWithFlattening + prepare_model_for_flattening",
+        "packed": "flatcollate: best-fit-decreasing packs, flattened",
+    },
+    subject="flatcollate (flattened)",
+    baseline="padded batches",
+    options=frozenset({"model", "full_size", "modes", "pack_len", "attn"}),
+    scope="the text SFT benchmark trains a causal LM on token ids; add --vision for image-text",
+    workload=workload,
+    measure=measure,
+    data_lines=data_lines,
+    validate=validate,
+)

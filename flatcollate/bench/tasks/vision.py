@@ -1,0 +1,221 @@
+"""Image-text SFT (`flatcollate bench --vision`): padded vs flattened training of a small Qwen2.5-VL-shaped model on
+examples whose text lengths come from a length profile and whose images follow Qwen2-VL's dynamic resolution
+(`flatcollate.bench.vision_inputs`, where the image-size assumption is stated).
+
+`padded`: the processor-style batch, right padded, `attention_mask`, `mm_token_type_ids`, and no `position_ids`, so
+the unprepared model computes every example's 3-D positions itself, on SDPA. `flattened`:
+`VisionDataCollatorWithFlattening` on the model prepared by `prepare_model_for_flattening`. The vision fields
+(`pixel_values`, `image_grid_thw`) are the same tensors in both modes, so the vision tower does the same work.
+"""
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
+
+from ...models.vision import tiny_vision_config
+from ...profiles.load import load_profile, padded_fill
+from ...vision import VisionDataCollatorWithFlattening
+from ..batches import check_labelled, real_tokens, slot_tokens
+from ..build import build_on_device, model_summary
+from ..config import MAX_IMAGES, BenchConfig
+from ..harness import Task, Workload
+from ..overrides import check_sizes
+from ..timing import timed_pass
+from ..vision_inputs import (
+    MAX_PIXELS,
+    MIN_PIXELS,
+    ImageDistribution,
+    block_lengths,
+    draw_lengths,
+    draw_vision_pool,
+    padded_vision_batch,
+    vision_examples,
+)
+from .sft import PROFILE_FILL_SAMPLE
+
+VISION_TEXT_MODEL = {
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+"""Language-model sizes of the default run (the text benchmark's CPU model); the vision tower stays
+`tiny_vision_config`'s (1 layer, width 32)."""
+
+
+@dataclass(frozen=True)
+class VisionBenchConfig(BenchConfig):
+    """What the image-text benchmark measures: `BenchConfig`'s fields (`model_overrides` sizes the language model;
+    mRoPE sections follow its head size; `max_length` cuts the text, never an image) and
+
+    Args:
+        max_images (`int`): images per example are uniform on `0..max_images`.
+        min_pixels (`int`), max_pixels (`int`): the image processor's limits; sides are drawn between their square
+            roots. Defaults: Qwen2-VL's.
+    """
+
+    model_overrides: dict = field(default_factory=lambda: dict(VISION_TEXT_MODEL))
+    max_images: int = MAX_IMAGES
+    min_pixels: int = MIN_PIXELS
+    max_pixels: int = MAX_PIXELS
+
+    @property
+    def images(self) -> ImageDistribution:
+        """The image distribution these fields describe."""
+        return ImageDistribution(self.max_images, self.min_pixels, self.max_pixels)
+
+
+def vision_model_config(config: VisionBenchConfig) -> PretrainedConfig:
+    """`tiny_vision_config("qwen2_5_vl")` with the `model_overrides` sizes; mRoPE sections split half a head 2:3:3
+    (as Qwen2.5-VL's 16, 24, 24), the projector's width follows the text model's."""
+    model_config = tiny_vision_config("qwen2_5_vl")
+    text = model_config.text_config
+    check_sizes(text, config.model_overrides, config.model_overrides)
+    for name, value in config.model_overrides.items():
+        setattr(text, name, value)
+    if text.hidden_size % text.num_attention_heads or text.num_attention_heads % text.num_key_value_heads:
+        raise ValueError(
+            f"hidden_size {text.hidden_size} must split into num_attention_heads {text.num_attention_heads}, which "
+            f"must split into num_key_value_heads {text.num_key_value_heads}."
+        )
+    half = text.hidden_size // text.num_attention_heads // 2
+    time_section = half // 4
+    height = (half - time_section) // 2
+    sections = [time_section, height, half - time_section - height]
+    text.rope_parameters = {**text.rope_parameters, "mrope_section": sections}
+    model_config.vision_config.out_hidden_size = text.hidden_size
+    text.use_cache = model_config.use_cache = False
+    return model_config
+
+
+def build_vision_model(config: VisionBenchConfig, *, device: torch.device, dtype: str | None = None) -> PreTrainedModel:
+    """The unprepared model (SDPA, random weights from `config.seed`, on `device` in `dtype`, by default the
+    config's), in train mode."""
+    model_config = vision_model_config(config)
+    dtype = dtype or config.dtype
+    return build_on_device(AutoModelForImageTextToText, model_config, device=device, dtype=dtype, seed=config.seed)
+
+
+def plan_vision_batches(config: VisionBenchConfig, model, modes) -> tuple:
+    """Draw the examples (the same in every process) and collate each of `modes`' batches; `model` is the unprepared
+    model, prepared in place before the flattened batches are collated (their collator reads its forward).
+
+    Returns:
+        `(pool, batches, warm_batches, collate_s)`, the last three per mode.
+    """
+    from ...modeling.prepare import prepare_model_for_flattening
+
+    profile = load_profile(config.profile)
+    draw = {"max_length": config.max_length, "images": config.images}
+    pool = draw_vision_pool(profile, config.steps * config.batch_size, seed=config.seed, **draw)
+    warm = draw_vision_pool(profile, config.batch_size, seed=config.seed + 10, **draw)
+    examples = vision_examples(model, pool, np.arange(len(pool.lengths)), seed=config.seed)
+    warm_examples = vision_examples(model, warm, np.arange(len(warm.lengths)), seed=config.seed + 1)
+    batches, warm_batches, collate_s = {}, {}, {}
+    for mode in modes:
+        if mode == "padded":
+            collate = functools.partial(padded_vision_batch, pad_token_id=model.config.text_config.pad_token_id or 0)
+        else:
+            collate = VisionDataCollatorWithFlattening.from_model(prepare_model_for_flattening(model))
+        start, size = time.perf_counter(), config.batch_size
+        batches[mode] = [collate(examples[i : i + size]) for i in range(0, len(examples), size)]
+        collate_s[mode] = time.perf_counter() - start
+        check_labelled(batches[mode], mode, max_length=config.max_length)
+        warm_batches[mode] = [collate(warm_examples)][: config.warmup_steps]
+    return pool, batches, warm_batches, collate_s
+
+
+def workload(config: VisionBenchConfig) -> Workload:
+    """Both modes' batches, collated here on a CPU copy of the model to count their tokens."""
+    model = build_vision_model(config, device=torch.device("cpu"), dtype="float32")
+    pool, batches, _, collate_s = plan_vision_batches(config, model, MODES)
+    real = sum(real_tokens(b) for b in batches["flattened"])
+    draw = {"max_length": config.max_length, "images": config.images}
+    many = draw_lengths(load_profile(config.profile), PROFILE_FILL_SAMPLE, seed=config.seed, **draw)
+    tokens = block_lengths(pool.grids) - 2
+    data = {
+        "sequences": len(pool.lengths),
+        "real_tokens": int(pool.lengths.sum()),
+        "image_tokens": int(pool.lengths.sum() - pool.text.lengths.sum()),
+        "mean_length": float(pool.lengths.mean()),
+        "max_length_seen": int(pool.lengths.max()),
+        "text_truncated": pool.text.truncated,
+        "padding_efficiency": real / sum(slot_tokens(b) for b in batches["padded"]),
+        "profile_padding_efficiency": padded_fill(many, batch_size=config.batch_size),
+        "images": int(pool.images.sum()),
+        "image_distribution": config.images.describe(),
+        "image_tokens_per_image": {
+            "mean": float(tokens.mean()) if tokens.size else 0.0,
+            "min": int(tokens.min()) if tokens.size else 0,
+            "max": int(tokens.max()) if tokens.size else 0,
+        },
+    }
+    return Workload.from_batches(batches, data, collate_s)
+
+
+def measure(config: VisionBenchConfig, mode: str, device: torch.device) -> dict:
+    """Worker: build the model, collate the mode's batches (the flattened collator prepares the model), warm up and
+    time one pass."""
+    model = build_vision_model(config, device=device)
+    summary = model_summary(model)
+    _, batches, warm_batches, _ = plan_vision_batches(config, model, [mode])
+    figures = timed_pass(model, batches[mode], warm_batches[mode], lr=config.lr, device=device)
+    attn = model.config.text_config._attn_implementation
+    return {**figures, "attn": attn, "pass_flops": None, "model": summary, "environment": {}}
+
+
+def data_lines(result: dict) -> list[str]:
+    """The images drawn, the examples and their tokens, the padding efficiency of padded batches."""
+    data = result["data"]
+    per_image = data["image_tokens_per_image"]
+    return [
+        f"images: {data['image_distribution']}",
+        f"{data['sequences']} examples, {data['images']} images ({per_image['mean']:.0f} image tokens each on "
+        f"average, {per_image['min']}-{per_image['max']}), {data['real_tokens']:,} real tokens of which "
+        f"{data['image_tokens']:,} image-block tokens, mean length {data['mean_length']:.0f}, longest "
+        f"{data['max_length_seen']}, {data['text_truncated']} texts truncated to max_length",
+        f"padding efficiency of padded batches (real / padded tokens): {data['padding_efficiency']:.1%} for these "
+        f"examples, {data['profile_padding_efficiency']:.1%} over {PROFILE_FILL_SAMPLE:,} examples drawn the same way",
+    ]
+
+
+def validate(config: VisionBenchConfig) -> None:
+    """The profile and the language-model sizes."""
+    from ...cli import UsageError
+    from ..options import check_profile
+
+    check_profile(config.profile)
+    try:
+        vision_model_config(config)
+    except ValueError as error:
+        raise UsageError(f"--set {error}") from None
+
+
+MODES = ("padded", "flattened")
+
+TASK = Task(
+    name="vision",
+    flag="--vision",
+    config=VisionBenchConfig,
+    files="vision",
+    modes={
+        "padded": "the processor's padded batch (right padding, attention_mask, mm_token_type_ids; the unprepared "
+        "model computes each example's 3-D positions), sdpa",
+        "flattened": "VisionDataCollatorWithFlattening + prepare_model_for_flattening (one row, per-sequence 3-D "
+        "positions, the flatcollate backend on the language model)",
+    },
+    subject="flatcollate (flattened)",
+    baseline="padded batches",
+    options=frozenset({"max_images", "max_pixels"}),
+    scope="its model is qwen2_5_vl, its modes padded and flattened; size the language model with --set",
+    workload=workload,
+    measure=measure,
+    data_lines=data_lines,
+    validate=validate,
+    legend=("- both modes give the vision tower the same pixel_values and image_grid_thw",),
+)

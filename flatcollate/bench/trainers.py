@@ -1,0 +1,99 @@
+"""How the preference tasks (`dpo`, `reward`) train one mode in a worker: TRL's trainer on padded batches against
+flatcollate's on flattened rows, with the same options, batches, weights and seed, each step timed by
+`timing.TrainerClock`. trl is imported here only, inside the worker that trains.
+
+A step's time runs from the end of the step before to the end of this one, so it holds what the trainer does per
+step: collating the batch, the forwards (the reference model's too, in DPO), the backward and the optimizer step.
+"""
+
+import tempfile
+
+import numpy as np
+import torch
+
+from .build import model_summary
+from .config import DPOBenchConfig
+from .flops import attention_width, linear_parameters, training_flops
+from .timing import TrainerClock
+
+
+def trainer_options(config: DPOBenchConfig, out: str, device: torch.device) -> dict:
+    """The TRL config options both trainers of a task train with: the same steps, batch, optimizer and seed."""
+    return {
+        "output_dir": out,
+        "per_device_train_batch_size": config.batch_size,
+        "max_steps": config.warmup_steps + config.steps,
+        "max_length": config.max_length,
+        "learning_rate": config.lr,
+        "optim": "adamw_torch",
+        "lr_scheduler_type": "constant",
+        "train_sampling_strategy": "sequential",
+        "logging_strategy": "no",
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": device.type == "cpu",
+        "bf16": False,
+        "seed": config.seed,
+        "disable_tqdm": True,
+    }
+
+
+def recording(trainer_class):
+    """`trainer_class` that keeps every optimizer step's loss (one batch per step), unrounded."""
+
+    class Recording(trainer_class):
+        losses: list[float]
+
+        def training_step(self, *args, **kwargs):
+            loss = super().training_step(*args, **kwargs)
+            self.losses = [*getattr(self, "losses", []), loss.item()]
+            return loss
+
+    return Recording
+
+
+def train(
+    trainer_class, args_class, config: DPOBenchConfig, device: torch.device, *, rows, check, timed_lengths, **kwargs
+) -> dict:
+    """Train `trainer_class` (with `args_class(**trainer_options(...))`) on the text `rows`, check its tokenized
+    dataset with `check(dataset)`, and return the figures `harness.Task.measure` returns. `kwargs` go to the trainer
+    (`model`, `ref_model`, `processing_class`).
+
+    The figures' `pass_flops` counts the model's forward and backward on the timed steps' sequences (`timed_lengths`)
+    and, with a `ref_model`, the reference's forward on them (a third of that).
+    """
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.logging.set_verbosity_error()
+    model = kwargs["model"]
+    summary = model_summary(model)  # before the trainer prepares its copy
+    with tempfile.TemporaryDirectory() as out:
+        clock = TrainerClock(config.warmup_steps, device)
+        trainer = recording(trainer_class)(
+            args=args_class(**trainer_options(config, out, device)),
+            train_dataset=datasets.Dataset.from_list(rows),
+            callbacks=[clock],
+            **kwargs,
+        )
+        trainer.remove_callback(transformers.PrinterCallback)  # the worker's last stdout line is its figures
+        check(trainer.train_dataset)
+        trainer.train()
+    layers, width = attention_width(model.config)
+    flops = training_flops(linear_parameters(model), layers, width, timed_lengths)
+    return {
+        **clock.figures(),
+        "losses": trainer.losses,
+        "attn": trainer.model.config._attn_implementation,
+        "pass_flops": flops * (4 / 3 if "ref_model" in kwargs else 1),
+        "model": summary,
+        "environment": {"gradient_checkpointing": bool(trainer.args.gradient_checkpointing)},
+    }
+
+
+def check_lengths(dataset, keys: tuple[str, ...], expected: np.ndarray) -> None:
+    """TRL's tokenization of the texts gives the drawn lengths (an internal invariant of the data): `expected` is
+    `(N, len(keys))`, the length of each key's ids in each row."""
+    got = np.array([[len(row[key]) for key in keys] for row in dataset])
+    assert got.shape == expected.shape and (got == expected).all(), "TRL tokenized the pairs to other lengths"
