@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import transformers
+from torch.nn.utils.rnn import pad_sequence
 
 from .._conventions import IGNORE_INDEX
 from ..data.packing import pack_lengths
@@ -81,40 +82,37 @@ def synthetic_sequences(
     return SyntheticSequences(tokens, labels, lengths, truncated=int((full > max_length).sum()))
 
 
-def pad_batch(seqs: SyntheticSequences, indices: np.ndarray, *, pad_to: int | None = None) -> dict[str, torch.Tensor]:
-    """Right-padded batch with an attention mask, as `DataCollatorWithPadding` would build it.
+PAD_VALUES = {"input_ids": 0, "labels": IGNORE_INDEX, "mm_token_type_ids": 0}
+"""Per-token fields a padded batch pads, with their pad value (`input_ids`' is the model's pad id)."""
 
-    Args:
-        seqs (`SyntheticSequences`): the pool.
-        indices (`np.ndarray` of shape `(B,)`): sequences in the batch.
-        pad_to (`int`, *optional*): pad every row to this length instead of the longest in the batch.
+
+def pad_examples(examples: list[dict], *, pad_token_id: int = 0, pad_to: int | None = None) -> dict[str, torch.Tensor]:
+    """The processor-style padded batch of per-example fields (1-D int arrays or tensors): every field of `PAD_VALUES`
+    right padded to the longest example (or to `pad_to`), an `attention_mask`, and the other fields (`pixel_values`,
+    `image_grid_thw`) concatenated in example order.
 
     Returns:
-        `input_ids`, `labels` `(B, L)` int64 (pad 0 / -100), `attention_mask` `(B, L)` int64.
+        `input_ids` (pad `pad_token_id`), `labels` (pad -100), `mm_token_type_ids` (pad 0) where the examples have it,
+        `attention_mask`, each `(B, L)` int64; the concatenated fields where any example has them.
 
-    >>> seqs = SyntheticSequences(np.arange(1, 5), np.arange(1, 5), np.array([3, 1]), 0)
-    >>> pad_batch(seqs, np.array([0, 1]))["input_ids"].tolist()
+    >>> pad_examples([{"input_ids": np.array([1, 2, 3])}, {"input_ids": np.array([4])}])["input_ids"].tolist()
     [[1, 2, 3], [4, 0, 0]]
     """
-    lengths = seqs.lengths[indices]
+    lengths = torch.tensor([len(e["input_ids"]) for e in examples])
     width = int(lengths.max()) if pad_to is None else pad_to
     if width < lengths.max():
-        raise ValueError(f"pad_to={pad_to} is shorter than the longest sequence in the batch ({lengths.max()}).")
-    mask = np.arange(width) < lengths[:, None]
-    batch_offsets = np.concatenate([[0], np.cumsum(lengths)])
-    # Flat index of every real token: its sequence's start in the pool plus its position inside the sequence.
-    within = np.arange(batch_offsets[-1]) - np.repeat(batch_offsets[:-1], lengths)
-    flat = np.repeat(seqs.offsets[indices], lengths) + within
-    input_ids = np.zeros(mask.shape, dtype=np.int64)
-    labels = np.full(mask.shape, IGNORE_INDEX, dtype=np.int64)
-    # Boolean assignment fills row by row, the same order as the concatenated sequences.
-    input_ids[mask] = seqs.tokens[flat]
-    labels[mask] = seqs.labels[flat]
-    return {
-        "input_ids": torch.from_numpy(input_ids),
-        "labels": torch.from_numpy(labels),
-        "attention_mask": torch.from_numpy(mask.astype(np.int64)),
-    }
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest example of the batch ({int(lengths.max())}).")
+    pads = {**PAD_VALUES, "input_ids": pad_token_id}
+    batch = {}
+    for key, pad in pads.items():
+        if key in examples[0]:
+            rows = [torch.as_tensor(e[key]) for e in examples]
+            padded = pad_sequence(rows, batch_first=True, padding_value=pad)
+            batch[key] = torch.nn.functional.pad(padded, (0, width - padded.shape[1]), value=pad)
+    batch["attention_mask"] = (torch.arange(width) < lengths[:, None]).long()
+    for key in sorted({key for e in examples for key in e} - set(pads)):
+        batch[key] = torch.cat([torch.as_tensor(e[key]) for e in examples if key in e])
+    return batch
 
 
 def default_pack_len(seqs: SyntheticSequences, *, batch_size: int, max_length: int) -> int:
@@ -151,9 +149,9 @@ def step_batches(
     # One collation per optimizer step.
     for group in groups:
         if mode == "padded":
-            batches.append(pad_batch(seqs, group))
+            batches.append(pad_examples(seqs.features(group)))
         elif mode == "padded_max":
-            batches.append(pad_batch(seqs, group, pad_to=max_length))
+            batches.append(pad_examples(seqs.features(group), pad_to=max_length))
         elif mode == PEER_MODE:
             batches.append(hf_collator(seqs.features(group)))
         elif mode == "flattened":

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..profiles.pair_profile import load_pair_profile
 from .config import DPOBenchConfig
-from .harness import Workload
+from .harness import Task, Workload
 
 EOS_PER_REPLY = 1
 """Tokens TRL appends to every reply of a text (not conversational) dataset: the eos."""
@@ -203,3 +203,28 @@ def validate_pairs(config: DPOBenchConfig, *, trainer: str, whole: bool) -> None
             f"--max-length {config.max_length}: no pair of the pair profile {config.profile} fits (the shortest, "
             f"prompt + longer reply + eos, is {pair} tokens), and {trainer} drops longer pairs; raise --max-length."
         )
+
+
+def pair_task(name: str, *, padded: str, flattened: str, measure, whole: bool, step: str) -> Task:
+    """The `Task` of a preference benchmark: TRL's trainer `padded` on padded batches against flatcollate's
+    `flattened` on flattened rows, on pairs drawn from the pair profile (`whole`: only pairs that fit, as
+    `draw_pairs`); `step` says what one optimizer step does, for the legend."""
+    return Task(
+        name=name,
+        flag=f"--task {name}",
+        config=DPOBenchConfig,
+        files=name,
+        modes={
+            "padded": f"trl.{padded}: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
+            "flattened": f"flatcollate {flattened}: the 2N sequences in one flattened row, the flatcollate backend",
+        },
+        subject=flattened,
+        baseline=padded,
+        options=frozenset({"model", "full_size"}),
+        scope=f"it compares trl.{padded} on padded batches with {flattened} on flattened rows",
+        workload=lambda config: pair_workload(config, whole=whole, modes=("padded", "flattened")),
+        measure=measure,
+        data_lines=lambda result: pair_lines(result, padded=padded),
+        validate=lambda config: validate_pairs(config, trainer=padded, whole=whole),
+        legend=(f"- a step runs from the end of the step before to its own end: {step}",),
+    )

@@ -1,5 +1,5 @@
 """Image-text examples for the vision throughput benchmark, laid out as the Qwen2-VL / Qwen2.5-VL processor lays
-them out, and the padded batch that processor returns for several of them.
+them out (its padded batch of several: `flatcollate.bench.batches.pad_examples`).
 
 One example is its images, each expanded by the processor, then its text (prompt, then completion)::
 
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
@@ -178,23 +177,3 @@ def vision_examples(model: PreTrainedModel, pool: VisionPool, indices: np.ndarra
             example["image_grid_thw"] = grids
         examples.append(example)
     return examples
-
-
-def padded_vision_batch(examples: list[dict], *, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """The processor-style padded batch: per-token fields right padded, `attention_mask`, vision fields concatenated.
-
-    Returns:
-        `input_ids` (pad `pad_token_id`), `labels` (pad -100), `mm_token_type_ids` (pad 0), `attention_mask`, each
-        `(B, L) int64`; `pixel_values` `(patches, D)` and `image_grid_thw` `(images, 3)` when any example has images.
-    """
-    batch = {
-        key: pad_sequence([e[key] for e in examples], batch_first=True, padding_value=pad)
-        for key, pad in (("input_ids", pad_token_id), ("labels", IGNORE_INDEX), ("mm_token_type_ids", 0))
-    }
-    lengths = torch.tensor([len(e["input_ids"]) for e in examples])
-    batch["attention_mask"] = (torch.arange(batch["input_ids"].shape[1]) < lengths[:, None]).long()
-    for key in ("pixel_values", "image_grid_thw"):
-        parts = [e[key] for e in examples if key in e]
-        if parts:
-            batch[key] = torch.cat(parts)
-    return batch

@@ -11,7 +11,7 @@ import flatcollate
 from flatcollate.bench import timing
 from flatcollate.bench.batches import (
     MODES,
-    pad_batch,
+    pad_examples,
     real_tokens,
     slot_tokens,
     step_batches,
@@ -72,10 +72,10 @@ def test_synthetic_sequences_against_a_per_sequence_loop():
     assert seqs.tokens.min() >= 1 and seqs.tokens.max() < 50
 
 
-def test_pad_batch_against_a_per_sequence_loop():
+def test_pad_examples_against_a_per_sequence_loop():
     seqs = _pool()
     indices = np.array([4, 0, 7])
-    batch = pad_batch(seqs, indices, pad_to=40)
+    batch = pad_examples(seqs.features(indices), pad_to=40)
     for row, i in enumerate(indices):
         n = seqs.lengths[i]
         ids = seqs.tokens[seqs.offsets[i] : seqs.offsets[i + 1]]
@@ -84,7 +84,7 @@ def test_pad_batch_against_a_per_sequence_loop():
         assert batch["attention_mask"][row].tolist() == [1] * n + [0] * (40 - n)
     assert real_tokens(batch) == int(seqs.lengths[indices].sum()) and slot_tokens(batch) == 3 * 40
     with pytest.raises(ValueError, match="shorter than the longest"):
-        pad_batch(seqs, indices, pad_to=1)
+        pad_examples(seqs.features(indices), pad_to=1)
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 11, 20])

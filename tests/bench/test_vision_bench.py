@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-from flatcollate.bench.batches import real_tokens, slot_tokens
+from flatcollate.bench.batches import pad_examples, real_tokens, slot_tokens
 from flatcollate.bench.cli import register_cli
 from flatcollate.bench.harness import in_process, run_bench
 from flatcollate.bench.report import report_files, summary_text, write_report
@@ -21,7 +21,6 @@ from flatcollate.bench.vision_inputs import (
     draw_image_grids,
     draw_lengths,
     draw_vision_pool,
-    padded_vision_batch,
     vision_examples,
 )
 from flatcollate.cli import UsageError
@@ -85,7 +84,7 @@ def test_pool_counts_images_and_tokens_against_a_per_example_loop():
 def test_padded_batch_against_the_collator_and_a_per_example_loop(model):
     pool = _pool(5, seed=2)
     examples = vision_examples(model, pool, np.arange(5), seed=0)
-    batch = padded_vision_batch(examples, pad_token_id=7)
+    batch = pad_examples(examples, pad_token_id=7)
     flat = VisionDataCollatorWithFlattening.from_model(model)(examples)
     width = max(len(e["input_ids"]) for e in examples)
     per_token = {"input_ids", "labels", "attention_mask", "mm_token_type_ids"}

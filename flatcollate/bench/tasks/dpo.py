@@ -15,11 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from ..build import build_on_device, model_config
 from ..config import DPOBenchConfig
-from ..harness import Task
-from ..pairs import draw_pairs, pair_lines, pair_texts, pair_workload, timed_lengths, validate_pairs
+from ..pairs import draw_pairs, pair_task, pair_texts, timed_lengths
 from ..trainers import check_lengths, train
-
-MODES = ("padded", "flattened")
 
 
 def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
@@ -49,25 +46,12 @@ def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
     )
 
 
-TASK = Task(
-    name="dpo",
-    flag="--task dpo",
-    config=DPOBenchConfig,
-    files="dpo",
-    modes={
-        "padded": "trl.DPOTrainer: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
-        "flattened": "flatcollate FlatDPOTrainer: the 2N sequences in one flattened row, the flatcollate backend",
-    },
-    subject="FlatDPOTrainer",
-    baseline="DPOTrainer",
-    options=frozenset({"model", "full_size"}),
-    scope="it compares trl.DPOTrainer on padded batches with FlatDPOTrainer on flattened rows",
-    workload=lambda config: pair_workload(config, whole=False, modes=MODES),
+TASK = pair_task(
+    "dpo",
+    padded="DPOTrainer",
+    flattened="FlatDPOTrainer",
     measure=measure,
-    data_lines=lambda result: pair_lines(result, padded="DPOTrainer"),
-    validate=lambda config: validate_pairs(config, trainer="DPOTrainer", whole=False),
-    legend=(
-        "- a step runs from the end of the step before to its own end: collation, reference and policy forwards, "
-        "backward, optimizer; the policy starts as its reference copy; gradient checkpointing as DPOConfig's default",
-    ),
+    whole=False,
+    step="collation, reference and policy forwards, backward, optimizer; the policy starts as its reference copy; "
+    "gradient checkpointing as DPOConfig's default",
 )

@@ -13,11 +13,8 @@ from transformers import AutoModelForSequenceClassification
 
 from ..build import build_on_device, model_config
 from ..config import DPOBenchConfig
-from ..harness import Task
-from ..pairs import draw_pairs, pair_lines, pair_workload, reward_texts, timed_lengths, validate_pairs
+from ..pairs import draw_pairs, pair_task, reward_texts, timed_lengths
 from ..trainers import check_lengths, train
-
-MODES = ("padded", "flattened")
 
 
 def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
@@ -50,25 +47,11 @@ def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
     )
 
 
-TASK = Task(
-    name="reward",
-    flag="--task reward",
-    config=DPOBenchConfig,
-    files="reward",
-    modes={
-        "padded": "trl.RewardTrainer: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
-        "flattened": "flatcollate FlatRewardTrainer: the 2N sequences in one flattened row, the flatcollate backend",
-    },
-    subject="FlatRewardTrainer",
-    baseline="RewardTrainer",
-    options=frozenset({"model", "full_size"}),
-    scope="it compares trl.RewardTrainer on padded batches with FlatRewardTrainer on flattened rows",
-    workload=lambda config: pair_workload(config, whole=True, modes=MODES),
+TASK = pair_task(
+    "reward",
+    padded="RewardTrainer",
+    flattened="FlatRewardTrainer",
     measure=measure,
-    data_lines=lambda result: pair_lines(result, padded="RewardTrainer"),
-    validate=lambda config: validate_pairs(config, trainer="RewardTrainer", whole=True),
-    legend=(
-        "- a step runs from the end of the step before to its own end: collation, forward, backward, optimizer; one "
-        "score per sequence (num_labels=1)",
-    ),
+    whole=True,
+    step="collation, forward, backward, optimizer; one score per sequence (num_labels=1)",
 )

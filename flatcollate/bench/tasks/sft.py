@@ -157,8 +157,7 @@ TASK = Task(
     modes={
         "padded": "padded to the longest in the batch, attention_mask, sdpa",
         "padded_max": "padded to max_length, attention_mask, sdpa",
-        PEER_MODE: "transformers' DataCollatorWithFlattening + the model's own sdpa (padding-free without "
-        "flatcollate)",
+        PEER_MODE: "transformers' DataCollatorWithFlattening + the model's own sdpa (padding-free without flatcollate)",
         "flattened": "flatcollate: DataCollatorWithFlattening + prepare_model_for_flattening",
         "packed": "flatcollate: best-fit-decreasing packs, flattened",
     },

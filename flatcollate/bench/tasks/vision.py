@@ -19,7 +19,7 @@ from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrain
 from ...models.vision import tiny_vision_config
 from ...profiles.load import load_profile, padded_fill
 from ...vision import VisionDataCollatorWithFlattening
-from ..batches import check_labelled, real_tokens, slot_tokens
+from ..batches import check_labelled, pad_examples, real_tokens, slot_tokens
 from ..build import build_on_device, model_summary
 from ..config import MAX_IMAGES, BenchConfig
 from ..harness import Task, Workload
@@ -32,7 +32,6 @@ from ..vision_inputs import (
     block_lengths,
     draw_lengths,
     draw_vision_pool,
-    padded_vision_batch,
     vision_examples,
 )
 from .sft import PROFILE_FILL_SAMPLE
@@ -119,7 +118,7 @@ def plan_vision_batches(config: VisionBenchConfig, model, modes) -> tuple:
     batches, warm_batches, collate_s = {}, {}, {}
     for mode in modes:
         if mode == "padded":
-            collate = functools.partial(padded_vision_batch, pad_token_id=model.config.text_config.pad_token_id or 0)
+            collate = functools.partial(pad_examples, pad_token_id=model.config.text_config.pad_token_id or 0)
         else:
             collate = VisionDataCollatorWithFlattening.from_model(prepare_model_for_flattening(model))
         start, size = time.perf_counter(), config.batch_size
