@@ -48,6 +48,11 @@ step() {
     return 0
 }
 
+# headline_of FILE: the bench's headline lines in its output (not the "wrote ..." lines that follow them).
+headline_of() {
+    grep -E " trains [0-9.]+x the |own padding-free path|^WARNING" "$1"
+}
+
 {
     echo "# flatcollate GPU validation"
     echo
@@ -91,7 +96,7 @@ if [ "$HAS_CUDA" -eq 1 ]; then
     # Three repeats of the three modes that make the headline: nine fresh processes, a few minutes on one GPU.
     step "flatcollate bench (CUDA, bf16)" "$PYTHON" -m flatcollate bench --device cuda --dtype bfloat16 \
         --repeats 3 --modes padded hf_flattened flattened --out-dir "$BENCH_OUT" --no-progress
-    BENCH_HEADLINE=$(tail -n 4 "$LOG")
+    BENCH_HEADLINE=$(headline_of "$LOG")
     echo "Bench tables and plots: \`$BENCH_OUT/\`." >>"$REPORT"
 else
     echo "## No CUDA device: the real-kernel tests skipped and the bench did not run." >>"$REPORT"

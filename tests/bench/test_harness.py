@@ -230,3 +230,25 @@ def test_an_option_the_task_does_not_take_is_refused(argv, message):
 def test_report_files_are_named_by_the_task():
     assert report_files({"task": "dpo"}) == ("dpo.json", "dpo.md", "dpo.png", "dpo_loss_curves.png")
     assert report_files({"task": "vision"})[0] == "vision.json"
+
+
+def test_the_gpu_validation_script_quotes_the_headline_not_the_file_list(toy, tmp_path):
+    """`tools/gpu_validate.sh` ends its one screen with the bench's headline, read from the bench's output."""
+    import subprocess
+    from pathlib import Path
+
+    result = run_bench("toy", progress=False, runner=in_process)
+    log = tmp_path / "bench.log"
+    log.write_text(summary_text(result) + "\n" + "\n".join(f"wrote {p}" for p in report_files(result)) + "\n")
+    script = Path(__file__).parents[2] / "tools" / "gpu_validate.sh"
+    function = subprocess.run(["sed", "-n", "/^headline_of()/,/^}/p", str(script)], capture_output=True, text=True)
+
+    def headline_of(path):
+        command = f'{function.stdout}\nheadline_of "$1"'
+        return subprocess.run(["bash", "-c", command, "bash", str(path)], capture_output=True, text=True).stdout
+
+    head = "the flat toy trains 3.00x the real tokens per CPU second of the padded toy (range 3.00-3.00 over 3 repeats)"
+    assert headline_of(log).splitlines() == [head]
+    files_only = tmp_path / "files.log"  # negative control: a log without a headline shows none
+    files_only.write_text("".join(line + "\n" for line in log.read_text().splitlines() if line.startswith("wrote")))
+    assert headline_of(files_only) == ""
