@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from flatcollate import DataCollatorWithFlattening, load_profile
-from flatcollate.bench.batches import synthetic_sequences
 from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
 from flatcollate.bench.scripts import (
     CLOCKS,
@@ -40,6 +39,7 @@ from flatcollate.bench.scripts import (
 )
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
+from flatcollate.synthetic import synthetic_sequences
 
 UNCOMPILED = "uncompiled"
 """The eager variant every backend is compared with."""

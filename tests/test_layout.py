@@ -27,7 +27,7 @@ OLD_PATHS = (
 )
 # Image-text modules; every other module of these packages is text and may not import them.
 IMAGE_TEXT = re.compile(
-    r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images)|models\.vision.*|check\.vision|bench\.(tasks\.)?vision.*)$"
+    r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images)|models\.vision.*|check\.vision|bench\.tasks\.vision|synthetic\.images)$"
 )
 TEXT_PACKAGES = (
     "attention",

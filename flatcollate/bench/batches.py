@@ -1,4 +1,5 @@
-"""Synthetic training examples from a length profile, and the batches each benchmark mode trains on.
+"""The batches each mode of the text SFT benchmark trains on, from the synthetic sequences of
+`flatcollate.synthetic.sequences`.
 
 Every mode sees exactly the same sequences (random token ids, prompt tokens labelled -100); only the grouping and
 the layout differ. Three sequences of lengths 3, 1 and 2 with batch size 3 (`.` is padding, `|` a boundary)::
@@ -12,11 +13,7 @@ the layout differ. Three sequences of lengths 3, 1 and 2 with batch size 3 (`.` 
 
 `hf_flattened` is the padding-free path a user gets without flatcollate (what TRL's `padding_free=True` uses
 without flash-attn): transformers detects the boundaries from `position_ids` and builds a dense block mask.
-
-Token ids are drawn with numpy from offsets into one flat array: no Python loop over tokens.
 """
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,62 +22,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from .._conventions import IGNORE_INDEX
 from ..data.packing import pack_lengths
-from ..profiles.length_profile import LengthProfile
+from ..synthetic.sequences import SyntheticSequences
 from .config import MODES, PEER_MODE
-
-
-@dataclass(frozen=True)
-class SyntheticSequences:
-    """Random sequences drawn from a profile, stored flat.
-
-    Args:
-        tokens (`np.ndarray` of shape `(T,)`, int64): every sequence's token ids back to back.
-        labels (`np.ndarray` of shape `(T,)`, int64): `tokens` with prompt positions set to -100.
-        lengths (`np.ndarray` of shape `(N,)`, int64): tokens per sequence, each in `[1, max_length]`.
-        truncated (`int`): sequences that were longer than `max_length` and lost their tail (as an SFT trainer's
-            `max_length` truncation does).
-    """
-
-    tokens: np.ndarray
-    labels: np.ndarray
-    lengths: np.ndarray
-    truncated: int
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """`(N + 1,)` int64 start of every sequence in the flat arrays."""
-        return np.concatenate([[0], np.cumsum(self.lengths)])
-
-    def features(self, indices: np.ndarray) -> list[dict[str, np.ndarray]]:
-        """Examples `{"input_ids", "labels"}` (1-D int64 views) for a collator, in the order of `indices`."""
-        starts, ends = self.offsets[indices], self.offsets[indices + 1]
-        # One dict per sequence: this is the per-example interface collators take.
-        return [{"input_ids": self.tokens[s:e], "labels": self.labels[s:e]} for s, e in zip(starts, ends, strict=True)]
-
-
-def synthetic_sequences(
-    profile: LengthProfile, n: int, *, max_length: int, vocab_size: int, seed: int
-) -> SyntheticSequences:
-    """Draw `n` sequences: lengths from `profile`, ids uniform in `[1, vocab_size)` (0 is left for padding).
-
-    >>> from flatcollate.profiles import load_profile
-    >>> seqs = synthetic_sequences(load_profile("gsm8k"), 4, max_length=64, vocab_size=100, seed=0)
-    >>> int(seqs.lengths.max()) <= 64, seqs.tokens.shape == (int(seqs.lengths.sum()),)
-    (True, True)
-    """
-    if max_length < 1 or vocab_size < 2:
-        raise ValueError(f"Need max_length >= 1 and vocab_size >= 2, got {max_length} and {vocab_size}.")
-    prompt, completion = profile.sample(n, seed=seed)
-    full = prompt + completion
-    lengths = np.minimum(full, max_length)
-    rng = np.random.default_rng(seed + 1)
-    tokens = rng.integers(1, vocab_size, size=int(lengths.sum()), dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    # Position of each token inside its own sequence: flat index minus the start of its sequence.
-    within = np.arange(tokens.size) - np.repeat(offsets[:-1], lengths)
-    labels = np.where(within < np.repeat(prompt, lengths), IGNORE_INDEX, tokens)
-    return SyntheticSequences(tokens, labels, lengths, truncated=int((full > max_length).sum()))
-
 
 PAD_VALUES = {"input_ids": 0, "labels": IGNORE_INDEX, "mm_token_type_ids": 0}
 """Per-token fields a padded batch pads, with their pad value (`input_ids`' is the model's pad id)."""

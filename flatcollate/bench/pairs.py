@@ -1,5 +1,5 @@
-"""What the preference benchmarks (`dpo`, `reward`) train on: preference pairs whose lengths are drawn from a pair
-profile, as text of random words for an offline word-level tokenizer, and the padding TRL's batches of them carry.
+"""What the preference benchmarks (`dpo`, `reward`) train on: the synthetic pairs of `flatcollate.synthetic.pairs`
+drawn from a benchmark config, the padding TRL's batches of them carry, and the task both benchmarks share.
 
 TRL tokenizes the prompt and each reply and appends the eos to each reply, so a pair of lengths `(p, c, r)` trains two
 sequences of `p + c + 1` and `p + r + 1` tokens, each cut to `max_length`. A batch of `N` pairs is `2N` sequences,
@@ -10,63 +10,25 @@ chosen first; `DPOTrainer` pads them all to the longest, `FlatDPOTrainer` puts t
     flattened (1, 17) [p p p c e | p c e | p p p r r e | p r e]
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..profiles.pair_profile import load_pair_profile
+from ..synthetic.pairs import EOS_PER_REPLY, PairDraw, sample_pairs
 from .config import DPOBenchConfig
 from .harness import Task, Workload
-
-EOS_PER_REPLY = 1
-"""Tokens TRL appends to every reply of a text (not conversational) dataset: the eos."""
 
 PROFILE_FILL_PAIRS = 20_000
 """Pairs drawn to estimate the padding of the whole profile at a batch size."""
 
 
-@dataclass(frozen=True)
-class PairDraw:
-    """Pairs drawn for one run, in training order.
-
-    Args:
-        prompt (`np.ndarray` of shape `(N,)`, int64): prompt tokens of each pair, all `< max_length`.
-        chosen (`np.ndarray` of shape `(N,)`, int64): chosen reply tokens, without the eos.
-        rejected (`np.ndarray` of shape `(N,)`, int64): rejected reply tokens, without the eos.
-        max_length (`int`): sequences are cut to it.
-    """
-
-    prompt: np.ndarray
-    chosen: np.ndarray
-    rejected: np.ndarray
-    max_length: int
-
-    def sequence_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens trained of each `prompt + chosen + eos` and `prompt + rejected + eos`, cut to `max_length`; two
-        `(N,)` int64 arrays."""
-        chosen, rejected = (self.prompt + reply + EOS_PER_REPLY for reply in (self.chosen, self.rejected))
-        return np.minimum(chosen, self.max_length), np.minimum(rejected, self.max_length)
-
-    @property
-    def truncated(self) -> int:
-        """Sequences longer than `max_length`, which lost their tail."""
-        full = np.concatenate([self.prompt + self.chosen, self.prompt + self.rejected]) + EOS_PER_REPLY
-        return int((full > self.max_length).sum())
-
-
 def draw_pairs(
     config: DPOBenchConfig, n: int | None = None, *, seed: int | None = None, whole: bool = False
 ) -> PairDraw:
-    """`n` pairs (default: `(warmup_steps + steps) * batch_size`, the whole run) from the config's pair profile,
-    among those whose prompt is shorter than `max_length`; with `whole`, only among those whose two sequences (eos
-    included) fit in `max_length` (`trl.RewardTrainer` drops the others rather than truncate them)."""
+    """`sample_pairs` of the config: `n` pairs (default: `(warmup_steps + steps) * batch_size`, the whole run) of its
+    profile and `max_length`, seeded by its seed unless `seed` is given; `whole` as there."""
     n = (config.warmup_steps + config.steps) * config.batch_size if n is None else n
-    profile = load_pair_profile(config.profile)
-    max_pair = config.max_length - EOS_PER_REPLY if whole else None
-    lengths = profile.sample(
-        n, seed=config.seed if seed is None else seed, max_prompt=config.max_length, max_pair=max_pair
-    )
-    return PairDraw(*lengths, max_length=config.max_length)
+    seed = config.seed if seed is None else seed
+    return sample_pairs(config.profile, n, max_length=config.max_length, seed=seed, whole=whole)
 
 
 def padded_pair_tokens(chosen: np.ndarray, rejected: np.ndarray, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,45 +60,6 @@ def profile_padding(config: DPOBenchConfig, *, whole: bool = False) -> float:
     draw = draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole)
     real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=config.batch_size)
     return float(1 - real.sum() / slots.sum())
-
-
-def pair_texts(draw: PairDraw, *, vocab_size: int, seed: int) -> list[dict[str, str]]:
-    """Pairs as text for `flatcollate.synthetic.offline_tokenizer(vocab_size)`: words `t<id>`, ids uniform in
-    `[0, vocab_size - 2)` (its last two ids are pad and eos). Replies start with a space, so TRL's
-    `prompt + reply` splits between the prompt's last word and the reply's first.
-
-    >>> draw = PairDraw(np.array([2]), np.array([1]), np.array([0]), max_length=8)
-    >>> [sorted(row) for row in pair_texts(draw, vocab_size=10, seed=0)]
-    [['chosen', 'prompt', 'rejected']]
-    """
-    rng = np.random.default_rng(seed)
-    words = np.char.add("t", np.arange(vocab_size - 2).astype(str))
-    counts = np.stack([draw.prompt, draw.chosen, draw.rejected], axis=1)
-    drawn = words[rng.integers(0, vocab_size - 2, size=int(counts.sum()))]
-    ends = np.cumsum(counts.ravel()).reshape(counts.shape)
-    starts = ends - counts
-    rows = []
-    for (p0, c0, r0), (p1, c1, r1) in zip(starts.tolist(), ends.tolist(), strict=True):  # one dict per pair
-        rows.append(
-            {
-                "prompt": " ".join(drawn[p0:p1]),
-                "chosen": "".join(" " + word for word in drawn[c0:c1]),
-                "rejected": "".join(" " + word for word in drawn[r0:r1]),
-            }
-        )
-    return rows
-
-
-def reward_texts(draw: PairDraw, *, vocab_size: int, seed: int) -> list[dict[str, str]]:
-    """`pair_texts` as `trl.RewardTrainer` takes them: `chosen` = prompt + chosen reply, `rejected` = prompt +
-    rejected reply.
-
-    >>> draw = PairDraw(np.array([2]), np.array([1]), np.array([0]), max_length=8)
-    >>> [len(row["chosen"].split()) for row in reward_texts(draw, vocab_size=10, seed=0)]
-    [3]
-    """
-    rows = pair_texts(draw, vocab_size=vocab_size, seed=seed)
-    return [{key: row["prompt"] + row[key] for key in ("chosen", "rejected")} for row in rows]
 
 
 def pair_workload(config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...]) -> Workload:

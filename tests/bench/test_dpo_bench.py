@@ -16,12 +16,13 @@ from flatcollate.bench import harness
 from flatcollate.bench.cli import command_line, config_from_args
 from flatcollate.bench.config import DPOBenchConfig, check_fields
 from flatcollate.bench.harness import get_task
-from flatcollate.bench.pairs import PairDraw, draw_pairs, padded_pair_tokens, pair_texts
+from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 from flatcollate.profiles import available_pair_profiles, available_profiles
 from flatcollate.profiles.make import make_pair_profiles
 from flatcollate.profiles.pair_profile import load_pair_profile, split_pair
+from flatcollate.synthetic import PairDraw, pair_texts
 
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]

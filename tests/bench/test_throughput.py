@@ -15,7 +15,6 @@ from flatcollate.bench.batches import (
     real_tokens,
     slot_tokens,
     step_batches,
-    synthetic_sequences,
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
 from flatcollate.bench.config import ThroughputConfig
@@ -25,6 +24,7 @@ from flatcollate.bench.summary import cpu_name, headline
 from flatcollate.bench.tasks.sft import PROFILE_FILL_SAMPLE
 from flatcollate.bench.timing import MAX_SETTLE_PASSES
 from flatcollate.profiles import LengthProfile, load_profile, padded_fill
+from flatcollate.synthetic import synthetic_sequences
 
 TINY = {
     "hidden_size": 32,

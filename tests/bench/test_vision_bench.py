@@ -15,7 +15,9 @@ from flatcollate.bench.cli import register_cli
 from flatcollate.bench.harness import in_process, run_bench
 from flatcollate.bench.report import report_files, summary_text, write_report
 from flatcollate.bench.tasks.vision import VisionBenchConfig, build_vision_model
-from flatcollate.bench.vision_inputs import (
+from flatcollate.cli import UsageError
+from flatcollate.profiles import load_profile
+from flatcollate.synthetic.images import (
     MAX_PIXELS,
     MIN_PIXELS,
     draw_image_grids,
@@ -23,8 +25,6 @@ from flatcollate.bench.vision_inputs import (
     draw_vision_pool,
     vision_examples,
 )
-from flatcollate.cli import UsageError
-from flatcollate.profiles import load_profile
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
 SMALL_PIXELS = 28 * 28 * 12  # at most 12 image tokens per image

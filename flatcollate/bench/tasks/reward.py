@@ -11,9 +11,10 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from ...synthetic.pairs import reward_texts
 from ..build import build_on_device, model_config
 from ..config import DPOBenchConfig
-from ..pairs import draw_pairs, pair_task, reward_texts, timed_lengths
+from ..pairs import draw_pairs, pair_task, timed_lengths
 from ..trainers import check_lengths, train
 
 

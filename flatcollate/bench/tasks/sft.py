@@ -15,13 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ...profiles.load import load_profile, padded_fill
+from ...synthetic.sequences import SyntheticSequences, synthetic_sequences
 from ..batches import (
-    SyntheticSequences,
     check_labelled,
     default_pack_len,
     real_tokens,
     step_batches,
-    synthetic_sequences,
 )
 from ..build import build_on_device, model_config, model_summary
 from ..config import CPU_MODEL, PEER_MODE, ThroughputConfig

@@ -1,6 +1,6 @@
 """Image-text SFT (`flatcollate bench --vision`): padded vs flattened training of a small Qwen2.5-VL-shaped model on
 examples whose text lengths come from a length profile and whose images follow Qwen2-VL's dynamic resolution
-(`flatcollate.bench.vision_inputs`, where the image-size assumption is stated).
+(`flatcollate.synthetic.images`, where the image-size assumption is stated).
 
 `padded`: the processor-style batch, right padded, `attention_mask`, `mm_token_type_ids`, and no `position_ids`, so
 the unprepared model computes every example's 3-D positions itself, on SDPA. `flattened`:
@@ -18,14 +18,7 @@ from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrain
 
 from ...models.vision import tiny_vision_config
 from ...profiles.load import load_profile, padded_fill
-from ...vision import VisionDataCollatorWithFlattening
-from ..batches import check_labelled, pad_examples, real_tokens, slot_tokens
-from ..build import build_on_device, model_summary
-from ..config import MAX_IMAGES, BenchConfig
-from ..harness import Task, Workload
-from ..overrides import check_sizes
-from ..timing import timed_pass
-from ..vision_inputs import (
+from ...synthetic.images import (
     MAX_PIXELS,
     MIN_PIXELS,
     ImageDistribution,
@@ -34,6 +27,13 @@ from ..vision_inputs import (
     draw_vision_pool,
     vision_examples,
 )
+from ...vision import VisionDataCollatorWithFlattening
+from ..batches import check_labelled, pad_examples, real_tokens, slot_tokens
+from ..build import build_on_device, model_summary
+from ..config import MAX_IMAGES, BenchConfig
+from ..harness import Task, Workload
+from ..overrides import check_sizes
+from ..timing import timed_pass
 from .sft import PROFILE_FILL_SAMPLE
 
 VISION_TEXT_MODEL = {

@@ -1,5 +1,5 @@
-"""Image-text examples for the vision throughput benchmark, laid out as the Qwen2-VL / Qwen2.5-VL processor lays
-them out (its padded batch of several: `flatcollate.bench.batches.pad_examples`).
+"""Synthetic image-text examples (the image-text benchmark's), laid out as the Qwen2-VL / Qwen2.5-VL processor lays
+them out (a padded batch of several: `flatcollate.bench.batches.pad_examples`).
 
 One example is its images, each expanded by the processor, then its text (prompt, then completion)::
 
@@ -24,7 +24,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from .._conventions import IGNORE_INDEX
 from ..models.vision import TEXT_IDS
 from ..profiles.length_profile import LengthProfile
-from .batches import SyntheticSequences, synthetic_sequences
+from .sequences import SyntheticSequences, synthetic_sequences
 
 _PROCESSOR = Qwen2VLImageProcessorPil
 MIN_PIXELS: int = _PROCESSOR.size["shortest_edge"]

@@ -1,10 +1,10 @@
-"""Synthetic data for offline examples: random token ids whose lengths follow a real length profile, and a word-level
-tokenizer built in memory for them."""
+"""Synthetic rows for offline examples and tests: a `datasets.Dataset` of random token ids whose lengths follow a real
+length profile, and a word-level tokenizer built in memory for them."""
 
 import datasets
 import numpy as np
 
-from ._conventions import IGNORE_INDEX
+from .._conventions import IGNORE_INDEX
 
 
 def synthetic_sft_dataset(
@@ -35,7 +35,7 @@ def synthetic_sft_dataset(
     >>> len(row["input_ids"]) == len(row["labels"]), row["labels"][0]
     (True, -100)
     """
-    from .profiles import load_profile
+    from ..profiles import load_profile
 
     prompt_lengths, completion_lengths = load_profile(profile).sample(num_examples, seed=seed)
     template = list(response_template or [])
