@@ -22,7 +22,7 @@ from flatcollate.cli import build_parser, main
 from flatcollate.profiles import available_pair_profiles, available_profiles
 from flatcollate.profiles.make import make_pair_profiles
 from flatcollate.profiles.pair_profile import load_pair_profile, split_pair
-from flatcollate.synthetic import PairDraw, pair_texts
+from flatcollate.synthetic import PairDraw
 
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]
@@ -125,18 +125,6 @@ def test_padding_is_what_trls_collator_pads():
         ]
         batch = collator(examples)
         assert batch["attention_mask"].sum() == real[index] and batch["input_ids"].numel() == slots[index]
-
-
-def test_pair_texts_tokenize_to_the_drawn_lengths():
-    from flatcollate.synthetic import offline_tokenizer
-
-    tokenizer = offline_tokenizer(64)
-    draw = PairDraw(np.array([3, 1]), np.array([0, 2]), np.array([4, 1]), max_length=100)
-    for row, p, c, r in zip(pair_texts(draw, vocab_size=64, seed=0), [3, 1], [0, 2], [4, 1], strict=True):
-        eos = tokenizer.eos_token
-        assert len(tokenizer(row["prompt"])["input_ids"]) == p
-        assert len(tokenizer(row["prompt"] + row["chosen"] + eos)["input_ids"]) == p + c + 1
-        assert len(tokenizer(row["prompt"] + row["rejected"] + eos)["input_ids"]) == p + r + 1
 
 
 # ---- a smoke run: both trainers, fresh processes, the smallest size -------------------------------------------------

@@ -19,7 +19,7 @@ from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 from flatcollate.profiles.pair_profile import load_pair_profile
-from flatcollate.synthetic import PairDraw, reward_texts
+from flatcollate.synthetic import PairDraw
 
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]
@@ -41,19 +41,6 @@ def test_a_max_length_no_pair_fits_in_names_the_shortest():
     shortest = int((profile.prompt + np.maximum(profile.chosen, profile.rejected)).min())
     with pytest.raises(ValueError, match=f"shortest has {shortest}"):
         draw_pairs(DPOBenchConfig(max_length=shortest), whole=True)
-
-
-def test_reward_texts_tokenize_to_the_drawn_lengths():
-    from flatcollate.synthetic import offline_tokenizer
-
-    tokenizer = offline_tokenizer(64)
-    draw = PairDraw(np.array([3, 1]), np.array([0, 2]), np.array([4, 1]), max_length=100)
-    chosen, rejected = draw.sequence_lengths()
-    rows = reward_texts(draw, vocab_size=64, seed=0)
-    assert [sorted(row) for row in rows] == [["chosen", "rejected"]] * 2
-    for row, c, r in zip(rows, chosen, rejected, strict=True):
-        assert len(tokenizer(row["chosen"] + tokenizer.eos_token)["input_ids"]) == c
-        assert len(tokenizer(row["rejected"] + tokenizer.eos_token)["input_ids"]) == r
 
 
 def test_padding_is_what_trls_reward_collator_pads():
