@@ -79,6 +79,7 @@ def test_run_reports_padding_steps_losses_and_memory(result):
     efficiency = modes["padded"]["real_tokens"] / modes["padded"]["computed_tokens"]
     assert result["data"]["padding_efficiency"] == pytest.approx(efficiency)
     assert modes["flattened"]["attn"] == "flatcollate" and modes["padded"]["attn"] == "sdpa"
+    assert all(m["model_tflops_per_s"]["median"] > 0 and m["mfu"] is None for m in modes.values())  # no peak on a CPU
     assert modes["flattened"]["padding_fraction"] == 0.0
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
     assert all(len(m["losses"]) == CONFIG.steps for m in modes.values())
@@ -155,3 +156,21 @@ def test_command_line_refuses_a_negative_image_count(capsys):
     with pytest.raises(SystemExit):
         _parse(["--vision", "--max-images", "-1"])
     assert "--max-images" in capsys.readouterr().err
+
+
+def test_pass_flops_count_the_language_model_on_every_token_and_the_tower_on_every_patch(model):
+    from flatcollate.bench.flops import attention_width, linear_parameters, training_flops
+    from flatcollate.bench.tasks.vision import pass_flops
+
+    pool = draw_vision_pool(load_profile("gsm8k"), 6, max_length=48, images=CONFIG.images, seed=0)
+    layers, width = attention_width(model.config)
+    language = linear_parameters(model.model.language_model) + linear_parameters(model.lm_head)
+    text_only = training_flops(language, layers, width, pool.lengths)
+    total = pass_flops(model, pool)
+    visual = linear_parameters(model.model.visual)
+    patches = int(pool.grids.prod(axis=1).sum())
+    vision = model.config.vision_config
+    attention = 6 * vision.depth * vision.hidden_size * (pool.grids.prod(axis=1) ** 2).sum()
+    assert text_only < total <= text_only + 6 * visual * patches + attention
+    no_images = pool.__class__(pool.text, pool.images * 0, pool.grids[:0], pool.text.lengths)
+    assert pass_flops(model, no_images) == training_flops(language, layers, width, pool.text.lengths)  # control

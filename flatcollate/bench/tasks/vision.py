@@ -20,6 +20,7 @@ from ...models.vision import tiny_vision_config
 from ...profiles.load import load_profile, padded_fill
 from ...synthetic.images import (
     MAX_PIXELS,
+    MERGE,
     MIN_PIXELS,
     ImageDistribution,
     block_lengths,
@@ -31,6 +32,7 @@ from ...vision import VisionDataCollatorWithFlattening
 from ..batches import check_labelled, pad_examples, real_tokens, slot_tokens
 from ..build import build_on_device, model_summary
 from ..config import MAX_IMAGES, BenchConfig
+from ..flops import attention_width, linear_parameters, training_flops
 from ..harness import Task, Workload
 from ..overrides import check_sizes
 from ..timing import timed_pass
@@ -162,10 +164,23 @@ def measure(config: VisionBenchConfig, mode: str, device: torch.device) -> dict:
     time one pass."""
     model = build_vision_model(config, device=device)
     summary = model_summary(model)
-    _, batches, warm_batches, _ = plan_vision_batches(config, model, [mode])
+    pool, batches, warm_batches, _ = plan_vision_batches(config, model, [mode])
     figures = timed_pass(model, batches[mode], warm_batches[mode], lr=config.lr, device=device)
     attn = model.config.text_config._attn_implementation
-    return {**figures, "attn": attn, "pass_flops": None, "model": summary, "environment": {}}
+    return {**figures, "attn": attn, "pass_flops": pass_flops(model, pool), "model": summary, "environment": {}}
+
+
+def pass_flops(model, pool) -> float:
+    """Model FLOPs of one pass (`flatcollate.bench.flops`): the language model and its head on every token, image
+    blocks included; the vision tower's blocks on every patch, attending across each image (an upper bound: most of
+    Qwen2.5-VL's vision layers attend within windows); its merger on every merged token (4 patches)."""
+    layers, width = attention_width(model.config)
+    language = linear_parameters(model.model.language_model) + linear_parameters(model.lm_head)
+    visual, vision = model.model.visual, model.config.vision_config
+    merger = linear_parameters(visual.merger)
+    patches = pool.grids.prod(axis=1)
+    tower = training_flops(linear_parameters(visual) - merger, vision.depth, vision.hidden_size, patches)
+    return training_flops(language, layers, width, pool.lengths) + tower + 6.0 * merger * patches.sum() / MERGE**2
 
 
 def data_lines(result: dict) -> list[str]:
