@@ -47,9 +47,9 @@ OPTIONS = {
 """Config field -> the option that sets it (`model_overrides` is `--set`, `tiny` is `--full-size`)."""
 
 TASK_OPTIONS = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
-TASK_OPTIONS |= {"attn": "--attn", "vision": "--vision", "max_images": "--max-images", "max_pixels": "--max-pixels"}
+TASK_OPTIONS |= {"attn": "--attn", "max_images": "--max-images", "max_pixels": "--max-pixels"}
 """Options only some tasks take (`harness.Task.options`); they default to None or False, so a given one is told apart
-from its default."""
+from its default. `--vision` selects a task (`task_of`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +139,7 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _dest(option: str) -> str:
-    return {"--attn": "attn"}.get(option, option.removeprefix("--").replace("-", "_"))
+    return option.removeprefix("--").replace("-", "_")
 
 
 def task_of(args: argparse.Namespace) -> str:
@@ -153,7 +153,7 @@ def config_from_args(task, args: argparse.Namespace):
     """`task`'s config from parsed options: every option the task takes, `--set` values on top of the default sizes
     (none with `--full-size`); `UsageError` for an option it does not take."""
     given = [option for dest, option in TASK_OPTIONS.items() if getattr(args, dest, None) not in (None, False)]
-    refused = [option for option in given if _dest(option) not in task.options | {"vision"}]
+    refused = [option for option in given if _dest(option) not in task.options]
     if refused:
         raise UsageError(f"{refused[0]} does not apply to {task.flag} ({task.scope}); leave it out.")
     default, values = task.config(), {}

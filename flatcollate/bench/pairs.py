@@ -81,9 +81,9 @@ def pair_workload(config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...]
     return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)
 
 
-def timed_lengths(config: DPOBenchConfig, *, whole: bool) -> np.ndarray:
-    """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps (for their model FLOPs)."""
-    draw = draw_pairs(config, whole=whole)
+def timed_lengths(config: DPOBenchConfig, draw: PairDraw) -> np.ndarray:
+    """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps of `draw` (for their model
+    FLOPs): its pairs after the config's warm-up steps."""
     first = config.warmup_steps * config.batch_size
     return np.concatenate([lengths[first:] for lengths in draw.sequence_lengths()])
 

@@ -38,22 +38,24 @@ def non_negative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0, else a one-line error naming the value."""
+    error = argparse.ArgumentTypeError(f"expected a positive, finite number, got {text!r}")
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
+        raise error from None
     if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {text!r}")
+        raise error
     return value
 
 
 def _at_least(text: str, minimum: int, what: str) -> int:
+    error = argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     try:
         value = int(text)
     except ValueError:
-        value = minimum - 1
+        raise error from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        raise error
     return value
 
 

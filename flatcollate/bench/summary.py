@@ -64,7 +64,7 @@ def _mode_row(passes: list[dict], mode: str, work, pass_flops: float | None, env
     peak, added = [p["peak_memory_bytes"] for p in passes], [p["added_memory_bytes"] for p in passes]
     row = {
         "tokens_per_s": spread([real / sum(p["step_s"]) for p in passes]),
-        "tokens_per_cpu_s": spread([real / sum(p["cpu_s"]) for p in passes]),
+        "tokens_per_cpu_s": None,
         "seconds_per_step": spread(np.concatenate([p["step_s"] for p in passes])),
         "peak_memory_bytes": None if None in peak else int(np.median(peak)),
         "peak_memory_over_baseline_bytes": None if None in added else int(np.median(added)),
@@ -80,8 +80,8 @@ def _mode_row(passes: list[dict], mode: str, work, pass_flops: float | None, env
         "mfu": None,
         "losses": passes[0]["losses"],
     }
-    if environment["device_type"] != "cpu":
-        row["tokens_per_cpu_s"] = None
+    if environment["device_type"] == "cpu":
+        row["tokens_per_cpu_s"] = spread([real / sum(p["cpu_s"]) for p in passes])
     if pass_flops is not None:
         row["model_tflops_per_s"] = spread([pass_flops / sum(p["step_s"]) / 1e12 for p in passes])
         row["mfu"] = mfu(row["model_tflops_per_s"]["median"] * 1e12, 1.0, environment["peak_flops"])

@@ -175,7 +175,7 @@ def test_pass_flops_count_the_timed_sequences_and_the_reference_forward(smoke):
 
     result, _, _ = smoke
     config, model = DPOBenchConfig(**result["config"]), result["model"]
-    lengths = timed_lengths(config, whole=False)
+    lengths = timed_lengths(config, draw_pairs(config))
     assert len(lengths) == 2 * config.steps * config.batch_size
     layers, width = model["num_hidden_layers"], model["num_attention_heads"] * 16  # head_dim=16
     linear = (result["pass_flops"] * 3 / 4 - training_flops(0, layers, width, lengths)) / (6 * lengths.sum())

@@ -40,7 +40,7 @@ def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
         device,
         rows=pair_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
         check=lambda dataset: check_lengths(dataset, ("prompt_ids", "chosen_ids", "rejected_ids"), expected),
-        timed_lengths=timed_lengths(config, whole=False),
+        timed_lengths=timed_lengths(config, draw),
         model=model,
         ref_model=copy.deepcopy(model),
         processing_class=offline_tokenizer(model.config.vocab_size),

@@ -42,7 +42,7 @@ def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
         device,
         rows=reward_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
         check=lambda dataset: check_lengths(dataset, ("chosen_ids", "rejected_ids"), expected),
-        timed_lengths=timed_lengths(config, whole=True),
+        timed_lengths=timed_lengths(config, draw),
         model=model,
         processing_class=tokenizer,
     )
