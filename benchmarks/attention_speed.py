@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from flatcollate.attention import packed_attention_forward, select_kernel
-from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
-from flatcollate.bench.scripts import add_repeat_arguments, positive_int, script_parser, time_calls, write_results
+from flatcollate.bench.repeats import format_spread, run_repeats, serve_worker
 from flatcollate.boundaries import lengths_to_cu_seqlens
+from flatcollate.cli import positive_int
+
+from _common import add_repeat_arguments, command_line, format_ratio, script_parser, time_calls, write_results
 
 KERNELS = ("packed", "padded")
 

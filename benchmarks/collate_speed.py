@@ -17,9 +17,11 @@ import torch
 import transformers
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
-from flatcollate.bench.scripts import CLOCKS, add_repeat_arguments, positive_int, script_parser, write_results
+from flatcollate.bench.repeats import format_spread, run_repeats, serve_worker
+from flatcollate.cli import positive_int
 from flatcollate.profiles import load_profile
+
+from _common import CLOCKS, add_repeat_arguments, command_line, format_ratio, script_parser, write_results
 
 COLLATORS = ("flatcollate", "transformers", "trl")
 

@@ -27,19 +27,13 @@ import numpy as np
 import torch
 
 from flatcollate import DataCollatorWithFlattening, load_profile
-from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
-from flatcollate.bench.scripts import (
-    CLOCKS,
-    add_repeat_arguments,
-    non_negative_int,
-    positive_int,
-    script_parser,
-    time_calls,
-    write_results,
-)
+from flatcollate.bench.repeats import format_spread, run_repeats, serve_worker
+from flatcollate.cli import non_negative_int, positive_int
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sequences
+
+from _common import CLOCKS, add_repeat_arguments, command_line, format_ratio, script_parser, time_calls, write_results
 
 UNCOMPILED = "uncompiled"
 """The eager variant every backend is compared with."""

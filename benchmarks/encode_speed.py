@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import transformers
 
-from flatcollate.bench.repeats import command_line, format_ratio, format_spread, run_repeats, serve_worker
-from flatcollate.bench.scripts import add_repeat_arguments, positive_int, script_parser, write_results
+from flatcollate.bench.repeats import format_spread, run_repeats, serve_worker
+from flatcollate.cli import positive_int
+
+from _common import add_repeat_arguments, command_line, format_ratio, script_parser, write_results
 
 SHARED = Path(os.environ.get("FLATCOLLATE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TEMPLATE_KWARGS = {"llama-3.2-instruct": {"date_string": "26 Jul 2024"}}

@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from flatcollate.bench.repeats import command_line, format_ratio, run_repeats, serve_worker
-from flatcollate.bench.scripts import CLOCKS, add_repeat_arguments, positive_int, script_parser, write_results
+from flatcollate.bench.repeats import run_repeats, serve_worker
+from flatcollate.cli import positive_int
+
+from _common import CLOCKS, add_repeat_arguments, command_line, format_ratio, script_parser, write_results
 
 PACKERS = ("flatcollate", "trl")
 

@@ -35,11 +35,13 @@ import torch.multiprocessing as mp
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.attention import packed_attention_forward
-from flatcollate.bench.repeats import command_line, format_ratio, format_spread, ratio_spread, run_repeats, serve_worker
-from flatcollate.bench.scripts import add_repeat_arguments, non_negative_int, positive_int, script_parser, write_results
+from flatcollate.bench.repeats import format_spread, ratio_spread, run_repeats, serve_worker
+from flatcollate.cli import non_negative_int, positive_int
 from flatcollate.models import tiny_causal_lm
 from flatcollate.parallel import prepare_model_for_sequence_parallel, split_for_sequence_parallel
 from flatcollate.parallel.all_to_all import heads_to_sequence, sequence_to_heads
+
+from _common import add_repeat_arguments, command_line, format_ratio, script_parser, write_results
 
 MODEL = {
     "hidden_size": 256,

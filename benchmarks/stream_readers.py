@@ -25,9 +25,11 @@ from dataclasses import asdict, dataclass
 import datasets
 import numpy as np
 
-from flatcollate.bench.repeats import command_line, run_repeats, serve_worker
-from flatcollate.bench.scripts import add_repeat_arguments, positive_int, script_parser, write_results
+from flatcollate.bench.repeats import run_repeats, serve_worker
+from flatcollate.cli import positive_int
 from flatcollate.streaming import StreamingPacker
+
+from _common import add_repeat_arguments, command_line, script_parser, write_results
 
 VARIANTS = ("iterable/shards", "iterable/rows", "list/rows")
 """`source/split`: what a reader reads and how the readers split it."""

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from flatcollate.bench.cli import add_arguments, config_from_args, run_and_report, validate
 from flatcollate.bench.harness import get_task
-from flatcollate.bench.repeats import command_line
-from flatcollate.bench.scripts import script_parser
 from flatcollate.cli import UsageError
+
+from _common import command_line, script_parser
 
 
 def main(argv: list[str] | None = None) -> int:

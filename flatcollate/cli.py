@@ -11,6 +11,7 @@ run a command), so `--help` and `--version` answer at once.
 import argparse
 import difflib
 import importlib
+import math
 import sys
 from typing import NoReturn
 
@@ -47,6 +48,47 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         if no_value or "(default:" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1, else a one-line error naming the value."""
+    return _at_least(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0, else a one-line error naming the value."""
+    return _at_least(text, 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0, else a one-line error naming the value.
+
+    >>> positive_float("1e-5")
+    1e-05
+    >>> positive_float("nan")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a positive, finite number, got 'nan'
+    """
+    error = argparse.ArgumentTypeError(f"expected a positive, finite number, got {text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise error from None
+    if not (math.isfinite(value) and value > 0):
+        raise error
+    return value
+
+
+def _at_least(text: str, minimum: int, what: str) -> int:
+    error = argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    try:
+        value = int(text)
+    except ValueError:
+        raise error from None
+    if value < minimum:
+        raise error
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

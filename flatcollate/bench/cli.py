@@ -15,7 +15,7 @@ import shlex
 from dataclasses import fields
 from pathlib import Path
 
-from ..cli import HelpFormatter, UsageError
+from ..cli import HelpFormatter, UsageError, non_negative_int, positive_float, positive_int
 
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
@@ -23,7 +23,6 @@ from ..profiles.names import available_pair_profiles, available_profiles
 from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig
 from .options import check_writable
 from .overrides import check_overrides, parse_overrides
-from .scripts import non_negative_int, positive_float, positive_int
 
 OPTIONS = {
     "model": "--model",

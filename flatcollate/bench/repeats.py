@@ -19,7 +19,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -192,18 +191,6 @@ def serve_worker(argv: Sequence[str], measure: Callable[[dict, str], dict]) -> b
     return True
 
 
-def command_line(script: str | Path, argv: Sequence[str]) -> str:
-    """The command that reproduces a run: `python benchmarks/<script> <argv>`, quoted for a POSIX shell.
-
-    >>> command_line("/repo/benchmarks/pack_speed.py", ["--sizes", "100", "--out", "a b"])
-    "python benchmarks/pack_speed.py --sizes 100 --out 'a b'"
-    """
-    import shlex
-
-    path = Path(script)
-    return shlex.join(["python", f"{path.parent.name}/{path.name}", *argv])
-
-
 def format_spread(figure: dict, digits: int = 1, *, scale: float = 1.0) -> str:
     """`median (min-max)`, each times `scale`, with `digits` decimals and thousands separators.
 
@@ -212,12 +199,3 @@ def format_spread(figure: dict, digits: int = 1, *, scale: float = 1.0) -> str:
     """
     median, low, high = (figure[key] * scale for key in ("median", "min", "max"))
     return f"{median:,.{digits}f} ({low:,.{digits}f}-{high:,.{digits}f})"
-
-
-def format_ratio(ratio: dict, digits: int = 2) -> str:
-    """A `ratio_spread` as `of_medians (min-max of the per-repeat ratios)`.
-
-    >>> format_ratio({"of_medians": 8.23, "median": 8.1, "min": 7.9, "max": 8.6}, 1)
-    '8.2 (7.9-8.6)'
-    """
-    return f"{ratio['of_medians']:.{digits}f} ({ratio['min']:.{digits}f}-{ratio['max']:.{digits}f})"

@@ -3,7 +3,7 @@
 import argparse
 from typing import TYPE_CHECKING
 
-from ..cli import HelpFormatter
+from ..cli import HelpFormatter, positive_float
 from .options import MAX_CHECK_TOKENS, validate_image_text_options, validate_options, validate_task_options
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def register_cli(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=positive_float,
         default=None,
         help="largest absolute difference that counts as exact (> 0); default 1e-5 in float32 on the CPU, else twice "
         "the error of the per-sequence run in the same dtype and device",

@@ -3,7 +3,6 @@ exit status 2). torch and transformers are imported inside the functions, so `--
 
 import argparse
 import difflib
-import math
 import re
 from pathlib import Path
 
@@ -31,8 +30,6 @@ def validate_options(args: argparse.Namespace) -> None:
             f"({gib:,.1f} GiB) and a check needs only a few boundaries: keep the total at most {MAX_CHECK_TOKENS} "
             "(e.g. --lengths 7 1 12 4)."
         )
-    if args.tolerance is not None and not (math.isfinite(args.tolerance) and args.tolerance > 0):
-        raise UsageError(f"--tolerance {args.tolerance}: pass a positive, finite number (default 1e-5).")
     if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"--device {args.device}: pass cpu or cuda (cuda:N for one GPU).")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -3,6 +3,7 @@ command that made it, and write files only where asked."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,28 @@ SHARED_DATA = BENCHMARKS.parents[1] / "shared" / "data"
 
 
 def load(name: str):
+    """A script as a module, importing its folder's `_common` as `python benchmarks/<name>.py` does."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_a_run_names_the_command_that_reproduces_it_and_its_ratios():
+    common = load("_common")
+    command = common.command_line("/repo/benchmarks/pack_speed.py", ["--sizes", "100", "--out", "a b"])
+    assert command == "python benchmarks/pack_speed.py --sizes 100 --out 'a b'"
+    assert common.format_ratio({"of_medians": 8.23, "median": 8.1, "min": 7.9, "max": 8.6}, 1) == "8.2 (7.9-8.6)"
+
+
+def test_results_are_written_only_where_asked(tmp_path):
+    common = load("_common")
+    assert common.write_results(None, "cpu", {"a": 1}, "| a |") == []
+    paths = common.write_results(tmp_path / "out", "cpu", {"a": 1}, "| a |")
+    assert [p.name for p in paths] == ["cpu.json", "cpu.md"]
+    assert json.loads(paths[0].read_text()) == {"a": 1} and paths[1].read_text() == "| a |\n"
 
 
 def test_attention_speed_with_one_repeat_writes_nothing_by_default(tmp_path, monkeypatch, capsys):

@@ -1,16 +1,19 @@
-"""What the scripts in `benchmarks/` share with each other (their parser: one-line errors, exit status 2; the
-`--repeats` and `--no-progress` options of fresh-process repeats, `flatcollate.bench.repeats`; the clocks, a timing
-loop, the JSON and markdown files they write) and with `flatcollate bench` (the argparse types of counts and rates).
+"""What the scripts in this folder share: their parser (one-line errors, exit status 2), the `--repeats` and
+`--no-progress` options of fresh-process repeats (`flatcollate.bench.repeats`), the clocks and a timing loop, the
+command that reproduces a run, the ratio format, and the JSON and markdown files they write.
+
+Not a benchmark itself: each script imports it from its own folder (`python benchmarks/<script>.py` puts that folder
+first on `sys.path`).
 """
 
 import argparse
 import json
-import math
+import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..cli import ArgumentParser, HelpFormatter
+from flatcollate.cli import ArgumentParser, HelpFormatter, positive_int
 
 DEFAULT_REPEATS = 5
 """Fresh-process runs of every variant unless `--repeats` says otherwise."""
@@ -21,42 +24,10 @@ wall-clock seconds (`wall`)."""
 
 
 def script_parser(script: str | Path, doc: str) -> argparse.ArgumentParser:
-    """A parser named after the script, its docstring as description; a mistake is one line and exit status 2."""
+    """A parser named after the script (`benchmarks/<name>.py`), its docstring as description; a mistake is one line
+    and exit status 2."""
     path = Path(script)
     return ArgumentParser(prog=f"{path.parent.name}/{path.name}", description=doc, formatter_class=HelpFormatter)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1, else a one-line error naming the value."""
-    return _at_least(text, 1, "a positive integer")
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0, else a one-line error naming the value."""
-    return _at_least(text, 0, "an integer >= 0")
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0, else a one-line error naming the value."""
-    error = argparse.ArgumentTypeError(f"expected a positive, finite number, got {text!r}")
-    try:
-        value = float(text)
-    except ValueError:
-        raise error from None
-    if not (math.isfinite(value) and value > 0):
-        raise error
-    return value
-
-
-def _at_least(text: str, minimum: int, what: str) -> int:
-    error = argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-    try:
-        value = int(text)
-    except ValueError:
-        raise error from None
-    if value < minimum:
-        raise error
-    return value
 
 
 def add_repeat_arguments(parser: argparse.ArgumentParser, *, repeats: int = DEFAULT_REPEATS) -> None:
@@ -92,6 +63,17 @@ def time_calls(
         wait()
         times.append((now() - start) * 1e3)
     return times
+
+
+def command_line(script: str | Path, argv: Sequence[str]) -> str:
+    """The command that reproduces a run, `python benchmarks/<script> <argv>`, quoted for a POSIX shell."""
+    path = Path(script)
+    return shlex.join(["python", f"{path.parent.name}/{path.name}", *argv])
+
+
+def format_ratio(ratio: dict, digits: int = 2) -> str:
+    """A `flatcollate.bench.repeats.ratio_spread` as `of_medians (min-max of the per-repeat ratios)`."""
+    return f"{ratio['of_medians']:.{digits}f} ({ratio['min']:.{digits}f}-{ratio['max']:.{digits}f})"
 
 
 def write_results(folder: str | Path | None, stem: str, payload: dict, table: str) -> list[Path]:
