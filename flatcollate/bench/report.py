@@ -9,6 +9,7 @@ from matplotlib.ticker import MaxNLocator
 
 from .config import PEER_MODE
 from .harness import get_task
+from .repeats import format_spread
 
 
 def report_files(result: dict) -> tuple[str, ...]:
@@ -34,15 +35,15 @@ def markdown_table(result: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|" + ("---|" if on_cpu else "") + ("---|" if with_mfu else ""),
     ]
     for mode, row in result["modes"].items():
-        tps = row["tokens_per_s"]
-        ratio_text = format_repeat_ratio(ratios.get(mode, {}).get("tokens_per_s"))
-        cpu_text = f" {format_repeat_ratio(ratios.get(mode, {}).get('tokens_per_cpu_s'))} |" if on_cpu else ""
+        ratio, cpu_ratio = (ratios.get(mode, {}).get(key) for key in ("tokens_per_s", "tokens_per_cpu_s"))
+        ratio_text = format_spread(ratio, 2) if ratio else "-"
+        cpu_text = f" {format_spread(cpu_ratio, 2) if cpu_ratio else '-'} |" if on_cpu else ""
         mfu_text = f" {row['mfu']:.1%} |" if with_mfu and row.get("mfu") is not None else " |" * with_mfu
         tflops = row.get("model_tflops_per_s")
         first = row.get("first_step_s")
         first_text = "" if first is None else f"{first['median']:.2f}"
         lines.append(
-            f"| {mode} | {tps['median']:,.0f} ({tps['min']:,.0f}-{tps['max']:,.0f}) | {ratio_text} |{cpu_text} "
+            f"| {mode} | {format_spread(row['tokens_per_s'], 0)} | {ratio_text} |{cpu_text} "
             f"{_tflops(tflops)} |{mfu_text} {format_mib(row['peak_memory_bytes'])} "
             f"| {format_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
             f"| {row['optimizer_steps']} | {first_text} |"
@@ -223,15 +224,6 @@ def format_parameters(model: dict) -> str:
     """A model's parameter count, `"1.2M"` or `"7.62B"`."""
     count = model["parameters"]
     return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
-
-
-def format_repeat_ratio(spread: dict | None) -> str:
-    """A ratio taken within each repeat as `median (min-max)`, as the headline quotes it; `-` for none.
-
-    >>> format_repeat_ratio({"median": 2.5, "min": 2.31, "max": 2.62, "n": 5})
-    '2.50 (2.31-2.62)'
-    """
-    return f"{spread['median']:.2f} ({spread['min']:.2f}-{spread['max']:.2f})" if spread else "-"
 
 
 def format_mib(value: int | None) -> str:
