@@ -102,14 +102,17 @@ def pair_lines(result: dict, *, padded: str) -> list[str]:
 
 
 def validate_pairs(config: DPOBenchConfig, *, trainer: str, whole: bool) -> None:
-    """Raise `UsageError` for what would fail later: trl missing, an unknown pair profile, a `max_length`
-    no pair's prompt (with `whole`: no whole pair) fits in. `trainer` names TRL's trainer in the messages."""
-    import importlib.util
-
+    """Raise `UsageError` for what would fail later: trl missing or not importable, an unknown pair profile, a
+    `max_length` no pair's prompt (with `whole`: no whole pair) fits in. `trainer` names TRL's trainer in the
+    messages."""
     from ..cli import UsageError
 
-    if importlib.util.find_spec("trl") is None:
-        raise UsageError(f"this benchmark trains with trl.{trainer}, and trl is not installed: pip install trl.")
+    try:
+        import trl  # noqa: F401  (what the workers import: found on the path is not enough)
+    except ImportError as error:
+        raise UsageError(
+            f"this benchmark trains with trl.{trainer}, and trl does not import ({error}): pip install trl."
+        ) from None
     try:
         profile = load_pair_profile(config.profile)
     except ValueError as error:

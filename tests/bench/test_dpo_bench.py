@@ -3,9 +3,9 @@ batches, a smoke run of both trainers in fresh processes at the smallest size, a
 errors. No timing is asserted."""
 
 import gzip
-import importlib.util
 import json
 import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -281,7 +281,18 @@ def test_dpo_checks_cuda_and_the_output_folder_first(capsys, no_run, tmp_path):
 
 
 def test_dpo_without_trl_says_to_install_it(capsys, no_run, tmp_path, monkeypatch):
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError, as where it is not installed
     assert main(["bench", "--task", "dpo", "--out-dir", str(tmp_path)]) == 2
     assert "pip install trl" in capsys.readouterr().err
+
+
+def test_dpo_with_a_trl_that_does_not_import_says_why(capsys, no_run, tmp_path, monkeypatch):
+    # Found on the path but broken (built for another transformers): the run would fail in its first worker.
+    (tmp_path / "site" / "trl").mkdir(parents=True)
+    (tmp_path / "site" / "trl" / "__init__.py").write_text("raise ImportError('trl needs transformers>=99')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in [name for name in sys.modules if name == "trl" or name.startswith("trl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["bench", "--task", "dpo", "--out-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "trl needs transformers>=99" in err and err.count("\n") == 1, err

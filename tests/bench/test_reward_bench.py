@@ -2,10 +2,10 @@
 trainers in fresh processes at the smallest size, and the command line's one-line errors. No timing is asserted."""
 
 import contextlib
-import importlib.util
 import io
 import json
 import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -171,8 +171,7 @@ def test_reward_checks_cuda_and_the_output_folder_first(capsys, no_run, tmp_path
 
 
 def test_reward_without_trl_says_to_install_it(capsys, no_run, tmp_path, monkeypatch):
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError, as where it is not installed
     assert main(["bench", "--task", "reward", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "trl.RewardTrainer" in err and "pip install trl" in err
