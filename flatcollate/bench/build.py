@@ -2,12 +2,10 @@
 weights from the seed, constructed and initialised on the device it trains on (a full-size model on a GPU never passes
 through the host: no CPU initialisation, no copy), and the summary the report prints."""
 
-from pathlib import Path
-
 import torch
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
-from ..models import apply_overrides, tiny_config
+from ..models import apply_overrides, load_config, tiny_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """The benchmarks' `--dtype` names."""
@@ -18,10 +16,8 @@ def model_config(config) -> PretrainedConfig:
     the config's own sizes with them; no KV cache."""
     if config.tiny:
         built = tiny_config(config.model, **config.model_overrides)
-    else:
-        from_folder = Path(config.model).is_dir()
-        built = AutoConfig.from_pretrained(config.model) if from_folder else AutoConfig.for_model(config.model)
-        apply_overrides(built, **config.model_overrides)  # per-layer lists follow a new num_hidden_layers
+    else:  # per-layer lists follow a new num_hidden_layers
+        built = apply_overrides(load_config(config.model), **config.model_overrides)
     built.use_cache = False
     return built
 

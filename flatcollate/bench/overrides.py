@@ -3,7 +3,6 @@ before any work starts, for the SFT and the DPO benchmark alike."""
 
 import difflib
 import json
-from pathlib import Path
 
 from ..cli import UsageError
 
@@ -47,12 +46,9 @@ def _is_size(value) -> bool:
 def check_overrides(config, keys: set[str]) -> None:
     """Raise `UsageError` naming the `--set` option unless every key of `keys` names an attribute of the model's config
     (`config.model`, shrunk by `tiny_config` when `config.tiny`) and sizes stay positive integers (`check_sizes`)."""
-    from transformers import AutoConfig
+    from ..models import load_config, tiny_config
 
-    from ..models import tiny_config
-
-    from_folder = Path(config.model).is_dir()
-    base = AutoConfig.from_pretrained(config.model) if from_folder else AutoConfig.for_model(config.model)
+    base = load_config(config.model)
     try:
         check_sizes(tiny_config(base) if config.tiny else base, config.model_overrides, keys)
     except ValueError as error:

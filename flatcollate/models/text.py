@@ -39,6 +39,16 @@ TINY_FAMILY_SIZES = {
 }
 
 
+def load_config(model: str | os.PathLike) -> PretrainedConfig:
+    """The config of a `model_type` registered in transformers (`"llama"`) or of a local folder with a `config.json`,
+    with its own sizes.
+
+    >>> load_config("llama").hidden_size
+    4096
+    """
+    return AutoConfig.from_pretrained(model) if os.path.isdir(model) else AutoConfig.for_model(str(model))
+
+
 def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> PretrainedConfig:
     """A shrunken copy of a model's config.
 
@@ -57,10 +67,8 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
     if isinstance(model, PretrainedConfig):
         # A depth set on the object after it was built is fitted first: from_dict re-runs the config's own checks.
         config = model.__class__.from_dict(apply_overrides(copy.deepcopy(model)).to_dict())
-    elif os.path.isdir(model):
-        config = AutoConfig.from_pretrained(model)
     else:
-        config = AutoConfig.for_model(str(model))
+        config = load_config(model)
     depth = _per_layer_length(config)
     for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
         if name in overrides or (_defines(config, name) and _settable(config, name)):
