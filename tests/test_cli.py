@@ -10,7 +10,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 import flatcollate
 from flatcollate.bench import harness
-from flatcollate.cli import build_parser, main
+from flatcollate.cli import UsageError, build_parser, main
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -141,6 +141,17 @@ def test_check_missing_flash_attn_is_a_usage_error(capsys):
 def test_check_flex_attention_cannot_train_on_the_cpu(capsys):
     code, _, err = _run(capsys, "check", "llama", "--backends", "flex_attention")
     _assert_usage_error(code, err, "flex attention", "CPU")
+
+
+def test_check_takes_flex_attention_where_it_trains(monkeypatch):
+    # flex attention trains on CUDA; only a check on the CPU, where it has no backward, must refuse it.
+    from flatcollate.check.options import validate_options
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    parse = build_parser().parse_args
+    validate_options(parse(["check", "llama", "--device", "cuda", "--backends", "flex_attention"]))
+    with pytest.raises(UsageError, match="no backward pass on the CPU"):
+        validate_options(parse(["check", "llama", "--device", "cpu", "--backends", "flex_attention"]))
 
 
 def test_check_unknown_backend(capsys):

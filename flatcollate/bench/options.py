@@ -40,7 +40,7 @@ def check_attn(name: str, device: str) -> None:
     known = known_backends()
     if name not in known:
         raise UsageError(f"--attn {name}: unknown backend; choose auto or one of {', '.join(known)}.")
-    missing = None if name == "flex_attention" and device != "cpu" else missing_kernel(name)
+    missing = missing_kernel(name, device)
     if missing:
         raise UsageError(f"--attn {name}: {missing}")
 

@@ -41,7 +41,7 @@ def validate_options(args: argparse.Namespace) -> None:
     for backend in args.backends:
         if backend not in known:
             raise UsageError(f"--backends: unknown backend {backend!r}; choose from {', '.join(known)}.")
-        missing = missing_kernel(backend)
+        missing = missing_kernel(backend, args.device)
         if missing:
             raise UsageError(f"--backends {backend}: {missing}")
     validate_model_argument(args.model)
@@ -84,8 +84,9 @@ def known_backends() -> list[str]:
     return list(dict.fromkeys(n for n in names if "|" not in n))  # "paged|eager" serves generation only
 
 
-def missing_kernel(backend: str) -> str | None:
-    """Why `backend` cannot run in this environment (a package it needs is not installed), or None."""
+def missing_kernel(backend: str, device: str) -> str | None:
+    """Why `backend` cannot train on `device` (`"cpu"`, `"cuda"`, `"cuda:N"`) here (a package it needs is not
+    installed, or the device has no backward for it), or None."""
     from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
     from ..attention import capabilities
@@ -96,8 +97,8 @@ def missing_kernel(backend: str) -> str | None:
         return "flash-attn 3 (flash_attn_interface) is not installed, or there is no Hopper GPU."
     if backend == "flash_attention_4" and capabilities.flash_attn_4_varlen_func is None:
         return "flash-attn 4 (pip install flash-attn-4) is not installed, or there is no CUDA GPU."
-    if backend == "flex_attention":  # the check runs on the CPU, where flex attention has no backward
-        return "flex attention has no backward pass on the CPU, where the check runs; check the other backends."
+    if backend == "flex_attention" and device == "cpu":
+        return "flex attention has no backward pass on the CPU; train it on CUDA (--device cuda), or pick another."
     return None
 
 
