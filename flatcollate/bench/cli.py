@@ -255,18 +255,19 @@ def register_cli(subparsers) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=("sft", "vision", "dpo", "reward"),
+        choices=("sft", "vision", "dpo", "reward", "grpo"),
         default="sft",
         help="sft: supervised fine-tuning, the modes below; vision: as --vision; dpo: trl.DPOTrainer (padded) vs "
         "FlatDPOTrainer (flattened) on preference pairs, --batch-size pairs per step (needs trl); reward: "
-        "trl.RewardTrainer vs FlatRewardTrainer on the same pairs",
+        "trl.RewardTrainer vs FlatRewardTrainer on the same pairs; grpo: GRPOTrainer's log-prob pass vs "
+        "FlatGRPOTrainer's, each prompt with two completions",
     )
     parser.add_argument(
         "--profile",
         default=None,
         help=f"length profile: one of {', '.join(available_profiles())}, a tokenized dataset folder, or a lengths "
-        f"file; with --task dpo or reward a pair profile, one of {', '.join(available_pair_profiles())} (default: "
-        f"{ThroughputConfig().profile}; --task dpo, reward: {DPOBenchConfig().profile})",
+        f"file; with --task dpo, reward or grpo a pair profile, one of {', '.join(available_pair_profiles())} "
+        f"(default: {ThroughputConfig().profile}; --task dpo, reward, grpo: {DPOBenchConfig().profile})",
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
     add_arguments(parser)

@@ -70,6 +70,8 @@ class Task:
         files (`str`): stem of the report files (`<files>.json`, `.md`, `.png`, `_loss_curves.png`).
         modes (`dict[str, str]`): every mode it can measure -> what it trains, for the legend.
         subject (`str`), baseline (`str`): the flattened and the padded side, as the headline names them.
+        verb (`str`): what a step does with the tokens, for the headline (`"trains"`; `"scores"` for a pass
+            without gradients).
         options (`frozenset[str]`): the `flatcollate bench` options it takes (argparse destinations).
         scope (`str`): what it compares, for the message refusing an option it does not take.
         workload (`Callable[[config], Workload]`): in the parent process.
@@ -96,6 +98,7 @@ class Task:
     data_lines: Callable
     validate: Callable
     legend: tuple[str, ...] = ()
+    verb: str = "trains"
 
 
 def task_names() -> list[str]:

@@ -54,20 +54,26 @@ def padded_pair_tokens(chosen: np.ndarray, rejected: np.ndarray, *, batch_size: 
     return np.add.reduceat(chosen + rejected, starts), 2 * pairs * longest
 
 
-def profile_padding(config: DPOBenchConfig, *, whole: bool = False) -> float:
-    """Padding fraction of `DPOTrainer`'s (or `RewardTrainer`'s, same layout) batches over `PROFILE_FILL_PAIRS`
-    pairs of the profile, not only the pairs one run draws; `whole` as in `draw_pairs`."""
-    draw = draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole)
-    real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=config.batch_size)
+def padded_sequence_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`padded_pair_tokens` of the sequences of `draw`: the layout of `DPOTrainer`'s and `RewardTrainer`'s batches."""
+    return padded_pair_tokens(*draw.sequence_lengths(), batch_size=batch_size)
+
+
+def profile_padding(config: DPOBenchConfig, *, whole: bool = False, layout=padded_sequence_tokens) -> float:
+    """Padding fraction of the padded trainer's batches over `PROFILE_FILL_PAIRS` pairs of the profile, not only the
+    pairs one run draws; `whole` as in `draw_pairs`, `layout(draw, batch_size=...)` counts a batch's tokens."""
+    real, slots = layout(draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole), batch_size=config.batch_size)
     return float(1 - real.sum() / slots.sum())
 
 
-def pair_workload(config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...]) -> Workload:
+def pair_workload(
+    config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...], layout=padded_sequence_tokens
+) -> Workload:
     """What both trainers train on in their timed steps (after `warmup_steps`): the sequences of the drawn pairs,
-    padded (`padded`) or not (`flattened`); `whole` as in `draw_pairs`."""
+    padded (`padded`, as `layout(draw, batch_size=...)` counts) or not (`flattened`); `whole` as in `draw_pairs`."""
     draw = draw_pairs(config, whole=whole)
     chosen, rejected = draw.sequence_lengths()
-    real, slots = padded_pair_tokens(chosen, rejected, batch_size=config.batch_size)
+    real, slots = layout(draw, batch_size=config.batch_size)
     real, slots = int(real[config.warmup_steps :].sum()), int(slots[config.warmup_steps :].sum())
     data = {
         "pairs": int(draw.prompt.size),
@@ -75,7 +81,7 @@ def pair_workload(config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...]
         "mean_sequence_length": float(np.concatenate([chosen, rejected]).mean()),
         "longest_sequence": int(max(chosen.max(), rejected.max())),
         "truncated_sequences": draw.truncated,
-        "profile_padding_fraction": profile_padding(config, whole=whole),
+        "profile_padding_fraction": profile_padding(config, whole=whole, layout=layout),
     }
     steps = {mode: config.steps for mode in modes}
     return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)
@@ -131,26 +137,39 @@ def validate_pairs(config: DPOBenchConfig, *, trainer: str, whole: bool) -> None
         )
 
 
-def pair_task(name: str, *, padded: str, flattened: str, measure, whole: bool, step: str) -> Task:
+def pair_task(
+    name: str,
+    *,
+    padded: str,
+    flattened: str,
+    measure,
+    whole: bool,
+    step: str,
+    layout=padded_sequence_tokens,
+    padding: str = "each batch's 2N sequences padded to the longest",
+    verb: str = "trains",
+) -> Task:
     """The `Task` of a preference benchmark: TRL's trainer `padded` on padded batches against flatcollate's
     `flattened` on flattened rows, on pairs drawn from the pair profile (`whole`: only pairs that fit, as
-    `draw_pairs`); `step` says what one optimizer step does, for the legend."""
+    `draw_pairs`); `step` says what one step does, `padding` how `padded` pads (for the legend), `layout` counts its
+    batches' tokens (`pair_workload`), `verb` is the headline's (`Task.verb`)."""
     return Task(
         name=name,
         flag=f"--task {name}",
         config=DPOBenchConfig,
         files=name,
         modes={
-            "padded": f"trl.{padded}: each batch's 2N sequences padded to the longest, attention_mask, sdpa",
+            "padded": f"trl.{padded}: {padding}, attention_mask, sdpa",
             "flattened": f"flatcollate {flattened}: the 2N sequences in one flattened row, the flatcollate backend",
         },
         subject=flattened,
         baseline=padded,
         options=frozenset({"model", "full_size"}),
         scope=f"it compares trl.{padded} on padded batches with {flattened} on flattened rows",
-        workload=lambda config: pair_workload(config, whole=whole, modes=("padded", "flattened")),
+        workload=lambda config: pair_workload(config, whole=whole, modes=("padded", "flattened"), layout=layout),
         measure=measure,
         data_lines=lambda result: pair_lines(result, padded=padded),
         validate=lambda config: validate_pairs(config, trainer=padded, whole=whole),
         legend=(f"- a step runs from the end of the step before to its own end: {step}",),
+        verb=verb,
     )

@@ -92,7 +92,7 @@ def headline_lines(result: dict) -> list[str]:
     ratio, repeats = head["flattened_vs_padded"], head["flattened_vs_padded"]["n"]
     subject, baseline = head["subject"], head["baseline"]
     lines = [
-        f"{subject} trains {ratio['median']:.2f}x the {head['metric']} of {baseline} "
+        f"{subject} {head['verb']} {ratio['median']:.2f}x the {head['metric']} of {baseline} "
         f"(range {ratio['min']:.2f}-{ratio['max']:.2f} over {repeats} repeats)"
     ]
     if head["peer_vs_padded"] is not None:

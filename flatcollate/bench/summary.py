@@ -50,7 +50,7 @@ def summarize(task, config, work, run: Repeats, *, device: torch.device, process
         "data": work.data,
         "modes": modes,
         "ratios_vs_padded": _ratios(run.figures, modes, device),
-        "headline": headline(run.figures, device, subject=task.subject, baseline=task.baseline),
+        "headline": headline(run.figures, device, subject=task.subject, baseline=task.baseline, verb=task.verb),
         "loss_equivalence": _loss_equivalence(run.figures),
         "pass_flops": first["pass_flops"],
     }
@@ -121,18 +121,24 @@ def _repeat_ratios(passes: list[dict], baseline: list[dict], key: str) -> dict:
 
 
 def headline(
-    runs: dict, device: torch.device, *, subject: str = "flatcollate (flattened)", baseline: str = "padded batches"
+    runs: dict,
+    device: torch.device,
+    *,
+    subject: str = "flatcollate (flattened)",
+    baseline: str = "padded batches",
+    verb: str = "trains",
 ) -> dict | None:
     """The one headline rule of every benchmark (see the module docstring): flattened over padded, and with
     `hf_flattened` also it over padded and flattened over it; `noisy` when the flattened ratio's spread exceeds
-    `NOISY_SPREAD` of its median. `subject` and `baseline` name the two sides. None without `padded` and
-    `flattened`."""
+    `NOISY_SPREAD` of its median. `subject` and `baseline` name the two sides, `verb` what a step does. None
+    without `padded` and `flattened`."""
     if "padded" not in runs or "flattened" not in runs:
         return None
     key = "cpu_s" if device.type == "cpu" else "step_s"
     flattened = _repeat_ratios(runs["flattened"], runs["padded"], key)
     result = {
         "subject": subject,
+        "verb": verb,
         "baseline": baseline,
         "metric": "real tokens per CPU second" if key == "cpu_s" else "real tokens per second",
         "flattened_vs_padded": flattened,
