@@ -71,7 +71,7 @@ def test_every_option_has_a_description_and_its_default_in_help(command, capsys)
 
 
 def test_defaults_resolved_at_run_time_are_shown_in_help(capsys):
-    from flatcollate.bench.config import ThroughputConfig
+    from flatcollate.bench.config import SFTBenchConfig
     from flatcollate.bench.tasks.vision import VisionBenchConfig
     from flatcollate.check import DEFAULT_BACKENDS
 
@@ -81,8 +81,8 @@ def test_defaults_resolved_at_run_time_are_shown_in_help(capsys):
             build_parser().parse_args([command, "--help"])
         texts[command] = " ".join(capsys.readouterr().out.split())
     assert f"(default: {' '.join(DEFAULT_BACKENDS)})" in texts["check"]
-    default, vision = ThroughputConfig(), VisionBenchConfig()
-    for shown in (default.model, " ".join(default.modes), default.flattened_attn, vision.max_images):
+    default, vision = SFTBenchConfig(), VisionBenchConfig()
+    for shown in (default.model, " ".join(default.modes), default.attn, vision.max_images):
         assert f"(default: {shown})" in texts["bench"], shown
     assert vision.max_pixels == 28 * 28 * 1280 and "(default: Qwen2-VL's, 28*28*1280)" in texts["bench"]
 
@@ -242,9 +242,9 @@ def test_bench_refuses_a_full_size_model_the_machine_cannot_hold(capsys, no_run,
 
 def test_the_default_bench_fits(capsys, tmp_path):
     from flatcollate.bench import options
-    from flatcollate.bench.config import ThroughputConfig
+    from flatcollate.bench.config import SFTBenchConfig
 
-    estimate = options.memory_estimate(ThroughputConfig())
+    estimate = options.memory_estimate(SFTBenchConfig())
     assert 0 < estimate.total < 2 * 2**30, estimate  # the embedded default must never be refused
 
 

@@ -13,8 +13,8 @@ from .._lazy import lazy_exports
 
 _SOURCES = {
     "MODES": "config",
-    "DPOBenchConfig": "config",
-    "ThroughputConfig": "config",
+    "PairBenchConfig": "config",
+    "SFTBenchConfig": "config",
     "VisionBenchConfig": "tasks.vision",
     "Task": "harness",
     "Workload": "harness",

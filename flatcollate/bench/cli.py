@@ -20,40 +20,27 @@ from ..cli import HelpFormatter, UsageError, non_negative_int, positive_float, p
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
 from ..profiles.names import available_pair_profiles, available_profiles
-from .config import MAX_IMAGES, MODES, DPOBenchConfig, ThroughputConfig
+from .config import MAX_IMAGES, MODES, PairBenchConfig, SFTBenchConfig
 from .options import check_writable
 from .overrides import check_overrides, parse_overrides
 
-OPTIONS = {
-    "model": "--model",
-    "profile": "--profile",
-    "batch_size": "--batch-size",
-    "max_length": "--max-length",
-    "max_images": "--max-images",
-    "max_pixels": "--max-pixels",
-    "steps": "--steps",
-    "warmup_steps": "--warmup-steps",
-    "repeats": "--repeats",
-    "modes": "--modes",
-    "pack_len": "--pack-len",
-    "flattened_attn": "--attn",
-    "lr": "--lr",
-    "seed": "--seed",
-    "device": "--device",
-    "dtype": "--dtype",
-    "threads": "--threads",
-}
-"""Config field -> the option that sets it (`model_overrides` is `--set`, `tiny` is `--full-size`)."""
+FIXED_FIELDS = ("model_overrides", "tiny")
+"""Config fields set by `--set` and `--full-size`; every other field `name` is set by the option `--name` (dashes for
+underscores), whose argparse destination is the field's name."""
 
-TASK_OPTIONS = {"model": "--model", "full_size": "--full-size", "modes": "--modes", "pack_len": "--pack-len"}
-TASK_OPTIONS |= {"attn": "--attn", "max_images": "--max-images", "max_pixels": "--max-pixels"}
-"""Options only some tasks take (`harness.Task.options`); they default to None or False, so a given one is told apart
-from its default. `--vision` selects a task (`task_of`)."""
+TASK_OPTIONS = ("model", "full_size", "modes", "pack_len", "attn", "max_images", "min_pixels", "max_pixels")
+"""Options only some tasks take (`harness.Task.options`), by destination; they default to None or False, so a given
+one is told apart from its default. `--vision` selects a task (`task_of`)."""
+
+
+def option(dest: str) -> str:
+    """The option of an argparse destination (a config field): `"batch_size"` -> `"--batch-size"`."""
+    return "--" + dest.replace("_", "-")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `flatcollate bench` and `benchmarks/throughput.py`, defaults from `ThroughputConfig`."""
-    default = ThroughputConfig()
+    """Options shared by `flatcollate bench` and `benchmarks/throughput.py`, defaults from `SFTBenchConfig`."""
+    default = SFTBenchConfig()
     parser.add_argument(
         "--model", default=None, help=f"model_type or folder with a config.json (default: {default.model})"
     )
@@ -100,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attn",
         default=None,
-        help=f"attention of the flattened modes (auto: flatcollate backend) (default: {default.flattened_attn})",
+        help=f"attention of the flattened modes (auto: flatcollate backend) (default: {default.attn})",
     )
     parser.add_argument("--lr", type=positive_float, default=default.lr, help="AdamW learning rate")
     parser.add_argument("--seed", type=int, default=default.seed, help="seed of lengths, token ids and weights")
@@ -130,15 +117,17 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"--vision: images per example, 0-N (default: {MAX_IMAGES})",
     )
     parser.add_argument(
+        "--min-pixels",
+        type=non_negative_int,
+        default=None,
+        help="--vision: the image processor's min_pixels (default: Qwen2-VL's, 56*56)",
+    )
+    parser.add_argument(
         "--max-pixels",
         type=non_negative_int,
         default=None,
         help="--vision: the image processor's max_pixels (default: Qwen2-VL's, 28*28*1280)",
     )
-
-
-def _dest(option: str) -> str:
-    return option.removeprefix("--").replace("-", "_")
 
 
 def task_of(args: argparse.Namespace) -> str:
@@ -151,13 +140,13 @@ def task_of(args: argparse.Namespace) -> str:
 def config_from_args(task, args: argparse.Namespace):
     """`task`'s config from parsed options: every option the task takes, `--set` values on top of the default sizes
     (none with `--full-size`); `UsageError` for an option it does not take."""
-    given = [option for dest, option in TASK_OPTIONS.items() if getattr(args, dest, None) not in (None, False)]
-    refused = [option for option in given if _dest(option) not in task.options]
+    given = [dest for dest in TASK_OPTIONS if getattr(args, dest, None) not in (None, False)]
+    refused = [dest for dest in given if dest not in task.options]
     if refused:
-        raise UsageError(f"{refused[0]} does not apply to {task.flag} ({task.scope}); leave it out.")
+        raise UsageError(f"{option(refused[0])} does not apply to {task.flag} ({task.scope}); leave it out.")
     default, values = task.config(), {}
     for field in fields(default):
-        value = getattr(args, _dest(OPTIONS[field.name]), None) if field.name in OPTIONS else None
+        value = getattr(args, field.name, None) if field.name not in FIXED_FIELDS else None
         if value is not None:
             values[field.name] = tuple(value) if isinstance(getattr(default, field.name), tuple) else value
     if hasattr(default, "tiny"):
@@ -171,16 +160,17 @@ def command_line(task, config, out_dir: str | Path) -> str:
     default, and the output folder.
 
     >>> from flatcollate.bench.harness import get_task
-    >>> sizes = {**DPOBenchConfig().model_overrides, "hidden_size": 64}
-    >>> command_line(get_task("dpo"), DPOBenchConfig(steps=2, model_overrides=sizes), "out")
+    >>> sizes = {**PairBenchConfig().model_overrides, "hidden_size": 64}
+    >>> command_line(get_task("dpo"), PairBenchConfig(steps=2, model_overrides=sizes), "out")
     'flatcollate bench --task dpo --steps 2 --set hidden_size=64 --out-dir out'
     """
     default = task.config()
     argv = ["flatcollate", "bench", *task.flag.split()] if task.name != "sft" else ["flatcollate", "bench"]
-    for field, option in OPTIONS.items():
-        value = getattr(config, field, None)
-        if value != getattr(default, field, None):
-            argv += [option, *map(str, value)] if isinstance(value, tuple) else [option, str(value)]
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if field.name not in FIXED_FIELDS and value != getattr(default, field.name):
+            flag = option(field.name)
+            argv += [flag, *map(str, value)] if isinstance(value, tuple) else [flag, str(value)]
     if not getattr(config, "tiny", True):
         argv.append("--full-size")
     base = default.model_overrides if getattr(config, "tiny", True) else {}
@@ -267,7 +257,7 @@ def register_cli(subparsers) -> None:
         default=None,
         help=f"length profile: one of {', '.join(available_profiles())}, a tokenized dataset folder, or a lengths "
         f"file; with --task dpo, reward or grpo a pair profile, one of {', '.join(available_pair_profiles())} "
-        f"(default: {ThroughputConfig().profile}; --task dpo, reward, grpo: {DPOBenchConfig().profile})",
+        f"(default: {SFTBenchConfig().profile}; --task dpo, reward, grpo: {PairBenchConfig().profile})",
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
     add_arguments(parser)

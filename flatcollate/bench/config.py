@@ -34,7 +34,7 @@ DEFAULT_MODES = tuple(mode for mode in MODES if mode != "padded_max")
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What every benchmark task's config holds (`ThroughputConfig`, `DPOBenchConfig`, `VisionBenchConfig`).
+    """What every benchmark task's config holds (`SFTBenchConfig`, `PairBenchConfig`, `VisionBenchConfig`).
 
     Args:
         profile (`str`): a named length profile or a path (see `flatcollate.profiles.load_profile`; a pair profile for
@@ -69,7 +69,7 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
-class ThroughputConfig(BenchConfig):
+class SFTBenchConfig(BenchConfig):
     """What the text SFT benchmark measures: `BenchConfig`'s fields and
 
     Args:
@@ -78,20 +78,20 @@ class ThroughputConfig(BenchConfig):
             keeps the config's own sizes (with `model_overrides` applied), e.g. a 0.5B Qwen shape on a GPU.
         modes (`tuple[str, ...]`): subset of `MODES`; by default all but `padded_max`, the slowest by far.
         pack_len (`int`, *optional*): tokens per pack in `packed`; default `default_pack_len`.
-        flattened_attn (`str`): attention of the flattened modes; `"auto"` is the `flatcollate` packed backend.
+        attn (`str`): attention of the flattened modes; `"auto"` is the `flatcollate` packed backend.
     """
 
     model: str = "llama"
     tiny: bool = True
     modes: tuple[str, ...] = DEFAULT_MODES
     pack_len: int | None = None
-    flattened_attn: str = "auto"
+    attn: str = "auto"
 
 
 @dataclass(frozen=True)
-class DPOBenchConfig(BenchConfig):
+class PairBenchConfig(BenchConfig):
     """What the DPO and reward benchmarks measure (`flatcollate.bench.tasks.dpo`, `tasks.reward`): `BenchConfig`'s
-    fields, `model` and `tiny` as in `ThroughputConfig`; `batch_size` counts pairs (`2 * batch_size` sequences),
+    fields, `model` and `tiny` as in `SFTBenchConfig`; `batch_size` counts pairs (`2 * batch_size` sequences),
     `max_length` is `DPOConfig.max_length` (pairs whose prompt alone is that long are not drawn: TRL drops them), the
     `profile` a pair profile (`available_pair_profiles()`) or a JSON file written by `PairProfile.save`."""
 
@@ -114,7 +114,7 @@ def check_fields(config) -> None:
     """Raise `ValueError` naming the field, the value and what it must be, for every field of `config` that the
     benchmarks share (counts, learning rate, device, dtype), before anything is built.
 
-    >>> check_fields(ThroughputConfig(steps=0))
+    >>> check_fields(SFTBenchConfig(steps=0))
     Traceback (most recent call last):
     ...
     ValueError: `steps` must be a positive int, got 0.

@@ -88,7 +88,7 @@ class MemoryEstimate:
 
 
 def memory_estimate(config) -> MemoryEstimate:
-    """`MemoryEstimate` of a `ThroughputConfig`, the model counted on the meta device (nothing is allocated).
+    """`MemoryEstimate` of a `SFTBenchConfig`, the model counted on the meta device (nothing is allocated).
 
     Activations kept for the backward, per token: about 10 hidden-size vectors and 3 intermediate-size ones per
     layer in the model's dtype, and the logits with their gradient in fp32 (`8 * vocab_size` bytes).

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..profiles.pair_profile import load_pair_profile
 from ..synthetic.pairs import EOS_PER_REPLY, PairDraw, sample_pairs
-from .config import DPOBenchConfig
+from .config import PairBenchConfig
 from .harness import Task, Workload
 
 PROFILE_FILL_PAIRS = 20_000
@@ -22,7 +22,7 @@ PROFILE_FILL_PAIRS = 20_000
 
 
 def draw_pairs(
-    config: DPOBenchConfig, n: int | None = None, *, seed: int | None = None, whole: bool = False
+    config: PairBenchConfig, n: int | None = None, *, seed: int | None = None, whole: bool = False
 ) -> PairDraw:
     """`sample_pairs` of the config: `n` pairs (default: `(warmup_steps + steps) * batch_size`, the whole run) of its
     profile and `max_length`, seeded by its seed unless `seed` is given; `whole` as there."""
@@ -59,7 +59,7 @@ def padded_sequence_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarr
     return padded_pair_tokens(*draw.sequence_lengths(), batch_size=batch_size)
 
 
-def profile_padding(config: DPOBenchConfig, *, whole: bool = False, layout=padded_sequence_tokens) -> float:
+def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padded_sequence_tokens) -> float:
     """Padding fraction of the padded trainer's batches over `PROFILE_FILL_PAIRS` pairs of the profile, not only the
     pairs one run draws; `whole` as in `draw_pairs`, `layout(draw, batch_size=...)` counts a batch's tokens."""
     real, slots = layout(draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole), batch_size=config.batch_size)
@@ -67,7 +67,7 @@ def profile_padding(config: DPOBenchConfig, *, whole: bool = False, layout=padde
 
 
 def pair_workload(
-    config: DPOBenchConfig, *, whole: bool, modes: tuple[str, ...], layout=padded_sequence_tokens
+    config: PairBenchConfig, *, whole: bool, modes: tuple[str, ...], layout=padded_sequence_tokens
 ) -> Workload:
     """What both trainers train on in their timed steps (after `warmup_steps`): the sequences of the drawn pairs,
     padded (`padded`, as `layout(draw, batch_size=...)` counts) or not (`flattened`); `whole` as in `draw_pairs`."""
@@ -87,7 +87,7 @@ def pair_workload(
     return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)
 
 
-def timed_lengths(config: DPOBenchConfig, draw: PairDraw) -> np.ndarray:
+def timed_lengths(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
     """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps of `draw` (for their model
     FLOPs): its pairs after the config's warm-up steps."""
     first = config.warmup_steps * config.batch_size
@@ -107,7 +107,7 @@ def pair_lines(result: dict, *, padded: str) -> list[str]:
     ]
 
 
-def validate_pairs(config: DPOBenchConfig, *, trainer: str, whole: bool) -> None:
+def validate_pairs(config: PairBenchConfig, *, trainer: str, whole: bool) -> None:
     """Raise `UsageError` for what would fail later: trl missing or not importable, an unknown pair profile, a
     `max_length` no pair's prompt (with `whole`: no whole pair) fits in. `trainer` names TRL's trainer in the
     messages."""
@@ -156,7 +156,7 @@ def pair_task(
     return Task(
         name=name,
         flag=f"--task {name}",
-        config=DPOBenchConfig,
+        config=PairBenchConfig,
         files=name,
         modes={
             "padded": f"trl.{padded}: {padding}, attention_mask, sdpa",

@@ -1,14 +1,14 @@
-"""How every benchmark times a training step, warms up and holds its threads: one clock for the training loop of the
-SFT and image-text tasks and for the TRL trainers of the preference tasks.
+"""How every benchmark times a step, warms up and holds its threads: one clock for the training loop of the SFT and
+image-text tasks, the log-prob passes of the GRPO task and the TRL trainers of the DPO and reward tasks.
 
 A step's wall-clock seconds come from CUDA events on a GPU (recorded on the stream around the step, read once the end
 is reached) and from `time.perf_counter` on a CPU; its CPU seconds are this process's, all threads
 (`time.process_time`), which other work on a shared machine disturbs far less than wall-clock time.
 
-Warm-up: before its timed pass a mode trains untimed passes over the first batches of that pass until two passes take
+Warm-up: before its timed pass a mode runs untimed passes over the first batches of that pass until two passes take
 within `SETTLE_TOLERANCE` of each other (first calls allocate, pick kernels, compile), at most `MAX_SETTLE_PASSES`
-passes and `MAX_SETTLE_SECONDS`; then one untimed pass over `warmup_steps` other batches. A TRL trainer warms up on its
-first `warmup_steps` optimizer steps.
+passes and `MAX_SETTLE_SECONDS`; then one untimed pass over `warmup_steps` other batches (`timed_pass`). A TRL trainer,
+which runs its own loop, warms up on its first `warmup_steps` optimizer steps (`TrainerClock`).
 """
 
 import contextlib
@@ -87,61 +87,76 @@ class StepClock:
         self.start()
 
 
-def run_pass(model, batches, initial: dict, *, lr: float, device: torch.device) -> dict[str, list[float]]:
-    """Reset the weights to `initial` and a fresh AdamW, then one optimizer step per batch.
+class TrainingSteps:
+    """A step of the SFT and image-text tasks: one AdamW step of `model` on a batch, returning its loss. `reset()`
+    puts back the weights `model` had when this was made and a fresh AdamW, so every pass trains the same steps from
+    the same weights."""
+
+    def __init__(self, model, *, lr: float):
+        self.model, self.lr = model, lr
+        self.initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def reset(self) -> None:
+        self.model.load_state_dict(self.initial)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr)
+
+    def __call__(self, inputs: dict) -> float:
+        loss = self.model(**inputs, use_cache=False).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+def run_pass(steps, batches: list[dict], *, device: torch.device) -> dict[str, list[float]]:
+    """`steps.reset()`, then `steps(batch)` on every batch, its tensors moved to `device` before the step's clock
+    starts; `steps` is a `TrainingSteps` or anything with its `reset()` and `__call__(inputs) -> loss`.
 
     Returns:
         `step_s` and `cpu_s` of every step (`StepClock`), and `losses`.
     """
-    model.load_state_dict(initial)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    steps.reset()
     clock, losses = StepClock(device), []
     for batch in batches:
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         clock.start()
-        loss = model(**inputs, use_cache=False).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(steps(inputs))
         clock.lap()
     return {"step_s": clock.step_s, "cpu_s": clock.cpu_s, "losses": losses}
 
 
-def settle(model, batches, initial: dict, *, lr: float, device: torch.device) -> dict:
-    """Untimed passes over `batches` until two consecutive ones take within `SETTLE_TOLERANCE` of each other, at most
-    `MAX_SETTLE_PASSES` passes and, past the first, `MAX_SETTLE_SECONDS`.
+def settle(steps, batches: list[dict], *, device: torch.device) -> dict:
+    """Untimed passes (`run_pass`) over `batches` until two consecutive ones take within `SETTLE_TOLERANCE` of each
+    other, at most `MAX_SETTLE_PASSES` passes and, past the first, `MAX_SETTLE_SECONDS`.
 
     Returns:
         `dict`: `settle_passes` (the passes it took), `first_step_s` (the very first step: allocation, kernel
         selection, compilation) and `warm_up_s` (the whole warm-up).
     """
-    previous, steps = None, []
+    previous, seconds = None, []
     for passes in range(1, MAX_SETTLE_PASSES + 1):
-        step_s = run_pass(model, batches, initial, lr=lr, device=device)["step_s"]
-        steps += step_s
-        seconds = sum(step_s)
-        settled = previous is not None and abs(seconds - previous) <= SETTLE_TOLERANCE * previous
-        if settled or sum(steps) > MAX_SETTLE_SECONDS or passes == MAX_SETTLE_PASSES:
-            return {"settle_passes": passes, "first_step_s": steps[0], "warm_up_s": sum(steps)}
-        previous = seconds
+        step_s = run_pass(steps, batches, device=device)["step_s"]
+        seconds += step_s
+        settled = previous is not None and abs(sum(step_s) - previous) <= SETTLE_TOLERANCE * previous
+        if settled or sum(seconds) > MAX_SETTLE_SECONDS or passes == MAX_SETTLE_PASSES:
+            return {"settle_passes": passes, "first_step_s": seconds[0], "warm_up_s": sum(seconds)}
+        previous = sum(step_s)
     raise AssertionError("unreachable: the last pass returns")
 
 
-def timed_pass(model, batches, warm_batches, *, lr: float, device: torch.device) -> dict:
+def timed_pass(steps, batches: list[dict], warm_batches: list[dict], *, device: torch.device) -> dict:
     """`settle` on the first `SETTLE_STEPS` batches, one untimed pass over `warm_batches`, then the timed pass over
-    `batches`, each from `model`'s current weights and a fresh AdamW.
+    `batches`, each pass after `steps.reset()` (`run_pass`).
 
     Returns:
         `run_pass`'s figures of the timed pass, `settle`'s, and the peak memory of the timed pass
         (`peak_memory_bytes`) with what it added to the memory in use before it (`added_memory_bytes`).
     """
-    initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    settled = settle(model, batches[:SETTLE_STEPS], initial, lr=lr, device=device)
-    run_pass(model, warm_batches, initial, lr=lr, device=device)
+    settled = settle(steps, batches[:SETTLE_STEPS], device=device)
+    run_pass(steps, warm_batches, device=device)
     memory = PeakMemory(device)
     memory.reset()
-    record = run_pass(model, batches, initial, lr=lr, device=device)
+    record = run_pass(steps, batches, device=device)
     return {**record, **settled, **memory.figures()}
 
 

@@ -11,13 +11,15 @@ import tempfile
 import numpy as np
 import torch
 
+from ..synthetic.pairs import PairDraw
 from .build import model_summary
-from .config import DPOBenchConfig
+from .config import PairBenchConfig
 from .flops import attention_width, linear_parameters, training_flops
+from .pairs import timed_lengths
 from .timing import TrainerClock
 
 
-def trainer_options(config: DPOBenchConfig, out: str, device: torch.device) -> dict:
+def trainer_options(config: PairBenchConfig, out: str, device: torch.device) -> dict:
     """The TRL config options both trainers of a task train with: the same steps, batch, optimizer and seed."""
     return {
         "output_dir": out,
@@ -53,7 +55,7 @@ def recording(trainer_class):
 
 
 def train(
-    trainer_class, args_class, config: DPOBenchConfig, device: torch.device, *, rows, check, timed_lengths, **kwargs
+    trainer_class, args_class, config: PairBenchConfig, device: torch.device, *, rows, check, timed_lengths, **kwargs
 ) -> dict:
     """Train `trainer_class` (with `args_class(**trainer_options(...))`) on the text `rows`, check its tokenized
     dataset with `check(dataset)`, and return the figures `harness.Task.measure` returns. `kwargs` go to the trainer
@@ -90,6 +92,39 @@ def train(
         "model": summary,
         "environment": {"gradient_checkpointing": bool(trainer.args.gradient_checkpointing)},
     }
+
+
+def train_pairs(
+    config: PairBenchConfig,
+    mode: str,
+    device: torch.device,
+    *,
+    trainers: tuple[str, str, str],
+    draw: PairDraw,
+    rows: list[dict],
+    keys: tuple[str, ...],
+    expected: np.ndarray,
+    **kwargs,
+) -> dict:
+    """Worker of a preference task: `train` `trl.<trainers[0]>` (`padded`) or flatcollate's `<trainers[1]>`
+    (`flattened`), both with `trl.<trainers[2]>` options, on the text `rows` of `draw`, after checking that TRL
+    tokenized each row's `keys` to the `expected` `(N, len(keys))` lengths. `kwargs` go to the trainer (`model`,
+    `ref_model`, `processing_class`)."""
+    import trl
+
+    from ..integrations import trl as flat_trl
+
+    padded, flattened, args = trainers
+    return train(
+        getattr(trl, padded) if mode == "padded" else getattr(flat_trl, flattened),
+        getattr(trl, args),
+        config,
+        device,
+        rows=rows,
+        check=lambda dataset: check_lengths(dataset, keys, expected),
+        timed_lengths=timed_lengths(config, draw),
+        **kwargs,
+    )
 
 
 def check_lengths(dataset, keys: tuple[str, ...], expected: np.ndarray) -> None:

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from flatcollate.bench import harness
 from flatcollate.bench.cli import command_line, config_from_args
-from flatcollate.bench.config import DPOBenchConfig, check_fields
+from flatcollate.bench.config import PairBenchConfig, check_fields
 from flatcollate.bench.harness import get_task
 from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
@@ -86,7 +86,7 @@ def test_pair_profile_files_load_and_bad_ones_say_what_a_pair_profile_is(tmp_pat
 
 
 def test_draws_are_seeded_and_leave_out_prompts_that_fill_max_length():
-    config = DPOBenchConfig(max_length=64, steps=50, batch_size=4)
+    config = PairBenchConfig(max_length=64, steps=50, batch_size=4)
     draw = draw_pairs(config)
     again = draw_pairs(config)
     assert draw.prompt.size == 51 * 4 and (draw.prompt < 64).all()
@@ -174,7 +174,7 @@ def test_pass_flops_count_the_timed_sequences_and_the_reference_forward(smoke):
     from flatcollate.bench.pairs import timed_lengths
 
     result, _, _ = smoke
-    config, model = DPOBenchConfig(**result["config"]), result["model"]
+    config, model = PairBenchConfig(**result["config"]), result["model"]
     lengths = timed_lengths(config, draw_pairs(config))
     assert len(lengths) == 2 * config.steps * config.batch_size
     layers, width = model["num_hidden_layers"], model["num_attention_heads"] * 16  # head_dim=16
@@ -193,7 +193,7 @@ def test_smoke_run_trains_both_trainers_alike(smoke):
 
 def test_smoke_run_padding_is_the_count_of_its_batches(smoke):
     result, _, _ = smoke
-    config = DPOBenchConfig(**result["config"])
+    config = PairBenchConfig(**result["config"])
     real, slots = padded_pair_tokens(*draw_pairs(config).sequence_lengths(), batch_size=config.batch_size)
     real, slots = real[config.warmup_steps :].sum(), slots[config.warmup_steps :].sum()
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]
@@ -205,13 +205,13 @@ def test_the_printed_command_reproduces_the_config(smoke):
     result, _, out = smoke
     argv = shlex.split(result["command"])
     assert argv[:4] == ["flatcollate", "bench", "--task", "dpo"] and argv[-2:] == ["--out-dir", str(out)]
-    assert config_from_args(get_task("dpo"), build_parser().parse_args(argv[1:])) == DPOBenchConfig(**result["config"])
+    assert config_from_args(get_task("dpo"), build_parser().parse_args(argv[1:])) == PairBenchConfig(**result["config"])
 
 
 def test_command_line_of_a_full_size_model():
-    config = DPOBenchConfig(model="qwen2", tiny=False, model_overrides={"num_hidden_layers": 2}, lr=1e-5)
+    config = PairBenchConfig(model="qwen2", tiny=False, model_overrides={"num_hidden_layers": 2}, lr=1e-5)
     command = command_line(get_task("dpo"), config, "out dir")
-    options = "--model qwen2 --lr 1e-05 --full-size --set num_hidden_layers=2 --out-dir 'out dir'"
+    options = "--lr 1e-05 --model qwen2 --full-size --set num_hidden_layers=2 --out-dir 'out dir'"
     assert command == f"flatcollate bench --task dpo {options}"
     assert config_from_args(get_task("dpo"), build_parser().parse_args(shlex.split(command)[1:])) == config
 
@@ -222,7 +222,7 @@ def test_command_line_of_a_full_size_model():
 )
 def test_config_checks_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"`{field}`"):
-        check_fields(DPOBenchConfig(**{field: value}))
+        check_fields(PairBenchConfig(**{field: value}))
 
 
 # ---- the command line: one line, exit 2, before any work ------------------------------------------------------------

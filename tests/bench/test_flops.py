@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from flatcollate.bench import timing
 from flatcollate.bench.build import build_on_device, model_config
-from flatcollate.bench.config import ThroughputConfig
+from flatcollate.bench.config import SFTBenchConfig
 from flatcollate.bench.flops import attention_width, linear_parameters, mfu, peak_flops, training_flops
 from flatcollate.models import tiny_config
 
@@ -48,7 +48,7 @@ def test_benchmark_models_are_built_on_their_device(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", recording)
-    config = model_config(ThroughputConfig())
+    config = model_config(SFTBenchConfig())
     model = build_on_device(AutoModelForCausalLM, config, device=torch.device("meta"), dtype="float32", seed=0)
     assert seen == [torch.device("meta")] and next(model.parameters()).device.type == "meta"
     model = build_on_device(AutoModelForCausalLM, tiny_config("llama"), device="cpu", dtype="bfloat16", seed=0)
@@ -60,7 +60,7 @@ def test_the_warm_up_is_bounded_in_time(monkeypatch):
     taken MAX_SETTLE_SECONDS, and the first step is reported apart."""
     times = iter([[50.0, 5.0], [3.0, 3.0], [1.0, 1.0], [9.0, 9.0]])
     monkeypatch.setattr(timing, "run_pass", lambda *a, **k: {"step_s": next(times)})
-    settled = timing.settle(None, [0, 1], None, lr=1.0, device=torch.device("cpu"))
+    settled = timing.settle(None, [0, 1], device=torch.device("cpu"))
     assert settled == {"settle_passes": 2, "first_step_s": 50.0, "warm_up_s": 61.0}  # 4 passes without the bound
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.bench.config import DPOBenchConfig
+from flatcollate.bench.config import PairBenchConfig
 from flatcollate.bench.harness import in_process, run_bench
 from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
@@ -29,12 +29,13 @@ SMOKE += [arg for key, value in SIZES.items() for arg in ("--set", f"{key}={valu
 
 
 def test_batches_are_what_grpo_trainer_builds_and_the_padding_their_count():
-    config = DPOBenchConfig(max_length=256, steps=6, warmup_steps=1, batch_size=3)
+    config = PairBenchConfig(max_length=256, steps=6, warmup_steps=1, batch_size=3)
     draw = draw_pairs(config, whole=True)
     batches = grpo_batches(draw, batch_size=3, vocab_size=100, seed=0)
     real, slots = padded_grpo_tokens(draw, batch_size=3)
     assert len(batches) == 7 == real.size
-    for index, (ids, mask, width) in enumerate(batches):
+    for index, batch in enumerate(batches):
+        ids, mask, width = batch["input_ids"], batch["attention_mask"], batch["logits_to_keep"]
         part = slice(3 * index, 3 * index + 3)
         completions = np.stack([draw.chosen[part], draw.rejected[part]], axis=1).reshape(-1) + 1  # the eos
         assert mask.sum() == real[index] and mask.numel() == slots[index]
@@ -49,14 +50,15 @@ def test_batches_are_what_grpo_trainer_builds_and_the_padding_their_count():
 
 
 def test_both_passes_score_the_completions_alike():
-    result = run_bench("grpo", DPOBenchConfig(**TINY), progress=False, runner=in_process)
+    result = run_bench("grpo", PairBenchConfig(**TINY), progress=False, runner=in_process)
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]
     assert padded["optimizer_steps"] == flattened["optimizer_steps"] == 2 and len(padded["losses"]) == 2
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
     assert 4 < padded["losses"][0] < 7, "a random 256-word model scores about log(256) = 5.5 per token"
-    real, slots = padded_grpo_tokens(draw_pairs(DPOBenchConfig(**TINY), whole=True), batch_size=2)
+    real, slots = padded_grpo_tokens(draw_pairs(PairBenchConfig(**TINY), whole=True), batch_size=2)
     assert padded["computed_tokens"] == slots[1:].sum() and flattened["computed_tokens"] == real[1:].sum()
     assert flattened["attn"] == "flatcollate" and padded["attn"] == "sdpa"
+    assert all(n >= 1 for n in padded["warm_up_passes"] + flattened["warm_up_passes"]), "the shared warm-up ran"
 
 
 def test_a_row_without_its_boundaries_scores_otherwise(monkeypatch):
@@ -74,7 +76,7 @@ def test_a_row_without_its_boundaries_scores_otherwise(monkeypatch):
         }
 
     monkeypatch.setattr(CompletionRows, "model_inputs", one_sequence)
-    result = run_bench("grpo", DPOBenchConfig(**TINY), progress=False, runner=in_process)
+    result = run_bench("grpo", PairBenchConfig(**TINY), progress=False, runner=in_process)
     assert result["loss_equivalence"]["max_abs_loss_diff"] > 1e-3
 
 

@@ -12,7 +12,7 @@ import torch
 
 from flatcollate.bench import harness, tasks, timing
 from flatcollate.bench.cli import command_line, config_from_args
-from flatcollate.bench.config import DPOBenchConfig, ThroughputConfig
+from flatcollate.bench.config import PairBenchConfig, SFTBenchConfig
 from flatcollate.bench.harness import get_task, in_process, run_bench, task_names
 from flatcollate.bench.report import report_files, summary_text, write_report
 from flatcollate.cli import UsageError, build_parser
@@ -131,10 +131,10 @@ def test_a_worker_timing_other_steps_than_planned_is_refused(toy):
 
 
 def test_a_config_of_another_task_or_a_bad_field_is_refused_before_any_run():
-    with pytest.raises(TypeError, match="The dpo benchmark takes a DPOBenchConfig, got ThroughputConfig"):
-        run_bench("dpo", ThroughputConfig(), runner=_no_run)
+    with pytest.raises(TypeError, match="The dpo benchmark takes a PairBenchConfig, got SFTBenchConfig"):
+        run_bench("dpo", SFTBenchConfig(), runner=_no_run)
     with pytest.raises(ValueError, match="`repeats` must be a positive int, got 0"):
-        run_bench("reward", DPOBenchConfig(repeats=0), runner=_no_run)
+        run_bench("reward", PairBenchConfig(repeats=0), runner=_no_run)
     with pytest.raises(ValueError, match="Unknown dpo benchmark mode 'packed'"):
         harness.measure({"task": "dpo", "config": {}}, "packed")
 

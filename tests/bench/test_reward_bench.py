@@ -13,7 +13,7 @@ import torch
 
 from flatcollate.bench import harness
 from flatcollate.bench.cli import command_line, config_from_args
-from flatcollate.bench.config import DPOBenchConfig
+from flatcollate.bench.config import PairBenchConfig
 from flatcollate.bench.harness import get_task
 from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
@@ -29,7 +29,7 @@ SMOKE += [arg for item in TINY for arg in ("--set", item)]
 
 
 def test_whole_draws_keep_only_pairs_that_fit_and_are_seeded():
-    config = DPOBenchConfig(max_length=64, steps=50, batch_size=4)
+    config = PairBenchConfig(max_length=64, steps=50, batch_size=4)
     draw = draw_pairs(config, whole=True)
     assert draw.prompt.size == 51 * 4 and draw.truncated == 0
     assert (draw.prompt + np.maximum(draw.chosen, draw.rejected) + 1 <= 64).all()
@@ -40,7 +40,7 @@ def test_a_max_length_no_pair_fits_in_names_the_shortest():
     profile = load_pair_profile("hh_rlhf")
     shortest = int((profile.prompt + np.maximum(profile.chosen, profile.rejected)).min())
     with pytest.raises(ValueError, match=f"shortest has {shortest}"):
-        draw_pairs(DPOBenchConfig(max_length=shortest), whole=True)
+        draw_pairs(PairBenchConfig(max_length=shortest), whole=True)
 
 
 def test_padding_is_what_trls_reward_collator_pads():
@@ -104,7 +104,7 @@ def test_smoke_run_trains_both_trainers_alike(smoke):
 
 def test_smoke_run_padding_is_the_count_of_its_batches(smoke):
     result, _, _ = smoke
-    config = DPOBenchConfig(**result["config"])
+    config = PairBenchConfig(**result["config"])
     draw = draw_pairs(config, whole=True)
     real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=config.batch_size)
     real, slots = real[config.warmup_steps :].sum(), slots[config.warmup_steps :].sum()
@@ -118,11 +118,11 @@ def test_the_printed_command_reproduces_the_config(smoke):
     argv = shlex.split(result["command"])
     assert argv[:4] == ["flatcollate", "bench", "--task", "reward"] and argv[-2:] == ["--out-dir", str(out)]
     again = config_from_args(get_task("reward"), build_parser().parse_args(argv[1:]))
-    assert again == DPOBenchConfig(**result["config"])
+    assert again == PairBenchConfig(**result["config"])
 
 
 def test_command_line_of_the_defaults():
-    command = command_line(get_task("reward"), DPOBenchConfig(), "out")
+    command = command_line(get_task("reward"), PairBenchConfig(), "out")
     assert command == "flatcollate bench --task reward --out-dir out"
 
 

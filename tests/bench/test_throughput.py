@@ -17,7 +17,7 @@ from flatcollate.bench.batches import (
     step_batches,
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
-from flatcollate.bench.config import ThroughputConfig
+from flatcollate.bench.config import SFTBenchConfig
 from flatcollate.bench.harness import get_task, in_process, run_bench
 from flatcollate.bench.report import headline_lines, markdown_table, report_files, summary_text, write_report
 from flatcollate.bench.summary import cpu_name, headline
@@ -35,7 +35,7 @@ TINY = {
     "head_dim": 16,
     "vocab_size": 64,
 }
-CONFIG = ThroughputConfig(
+CONFIG = SFTBenchConfig(
     model_overrides=TINY, profile="gsm8k", batch_size=3, max_length=96, steps=3, warmup_steps=1, repeats=2, modes=MODES
 )
 
@@ -100,7 +100,7 @@ def test_unknown_mode():
     with pytest.raises(ValueError, match="Unknown mode 'unpadded'"):
         step_batches(_pool(), "unpadded", batch_size=2, max_length=40, pack_len=64, flattening_collator=None)
     with pytest.raises(ValueError, match=r"Unknown mode\(s\) \['x'\]"):
-        run_throughput(ThroughputConfig(modes=("padded", "x")), progress=False)
+        run_throughput(SFTBenchConfig(modes=("padded", "x")), progress=False)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_unknown_mode():
 )
 def test_bad_config_values_raise_before_any_work(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        run_throughput(ThroughputConfig(**{field: value}), progress=False)
+        run_throughput(SFTBenchConfig(**{field: value}), progress=False)
 
 
 def test_result_keys_and_counts(result):
@@ -252,11 +252,11 @@ def test_summary_explains_the_real_token_share(result):
 def test_settle_stops_when_two_passes_agree_or_at_its_limits(monkeypatch, pass_seconds, passes):
     seconds = iter(pass_seconds)
 
-    def run_pass(model, batches, initial, *, lr, device):
+    def run_pass(steps, batches, *, device):
         return {"step_s": [next(seconds) / len(batches)] * len(batches)}
 
     monkeypatch.setattr(timing, "run_pass", run_pass)
-    settled = timing.settle(None, ["batch"] * 3, {}, lr=1e-3, device=torch.device("cpu"))
+    settled = timing.settle(None, ["batch"] * 3, device=torch.device("cpu"))
     assert settled["settle_passes"] == passes
     assert settled["first_step_s"] == pytest.approx(pass_seconds[0] / 3)
     assert settled["warm_up_s"] == pytest.approx(sum(pass_seconds[:passes]))
@@ -271,7 +271,7 @@ def test_cli_options_build_the_config():
     args.profile = "hh_rlhf"
     config = config_from_args(get_task("sft"), args)
     assert config.model_overrides["hidden_size"] == 96 and config.model_overrides["rope_scaling"] is None
-    assert config.model_overrides["num_hidden_layers"] == ThroughputConfig().model_overrides["num_hidden_layers"]
+    assert config.model_overrides["num_hidden_layers"] == SFTBenchConfig().model_overrides["num_hidden_layers"]
     assert config.modes == ("padded", "flattened") and config.profile == "hh_rlhf"
     with pytest.raises(ValueError, match="--set expects KEY=VALUE"):
         config_from_args(get_task("sft"), parser.parse_args(["--set", "hidden_size"]))
@@ -294,17 +294,17 @@ def test_bench_is_a_flatcollate_subcommand():
     args = build_parser().parse_args(["bench", "--profile", "gsm8k", "--steps", "1"])
     config = config_from_args(get_task("sft"), args)
     assert callable(args.func) and config.steps == 1 and config.profile == "gsm8k"
-    assert config == ThroughputConfig(profile="gsm8k", steps=1)
+    assert config == SFTBenchConfig(profile="gsm8k", steps=1)
 
 
 def test_set_keys_are_checked_against_the_config(tmp_path):
     from flatcollate.bench.cli import validate
     from flatcollate.cli import UsageError
 
-    config = ThroughputConfig(model_overrides={**TINY, "hidden_sise": 256})
+    config = SFTBenchConfig(model_overrides={**TINY, "hidden_sise": 256})
     with pytest.raises(UsageError, match="no attribute 'hidden_sise'; did you mean hidden_size"):
         validate(get_task("sft"), config, tmp_path, set_keys={"hidden_sise"})
-    config = ThroughputConfig(model_overrides={**TINY, "rms_norm_eps": 1e-5})
+    config = SFTBenchConfig(model_overrides={**TINY, "rms_norm_eps": 1e-5})
     validate(get_task("sft"), config, tmp_path, set_keys={"rms_norm_eps"})
 
 

@@ -3,14 +3,15 @@ loss equivalence, report files and the `flatcollate bench --vision` command line
 
 import argparse
 import json
+import shlex
 
 import numpy as np
 import pytest
 import torch
 
 from flatcollate.bench.batches import pad_examples, real_tokens, slot_tokens
-from flatcollate.bench.cli import register_cli
-from flatcollate.bench.harness import in_process, run_bench
+from flatcollate.bench.cli import command_line, config_from_args, register_cli
+from flatcollate.bench.harness import get_task, in_process, run_bench
 from flatcollate.bench.report import report_files, summary_text, write_report
 from flatcollate.bench.tasks.vision import VisionBenchConfig, build_vision_model
 from flatcollate.cli import UsageError
@@ -150,6 +151,17 @@ def test_command_line_refuses_what_the_vision_profile_cannot_take(argv, message,
     with pytest.raises(UsageError, match=message):
         args.func(args)
     assert list(tmp_path.iterdir()) == []  # refused before anything ran
+
+
+def test_min_pixels_is_an_option_of_the_vision_profile_and_reproduces(tmp_path):
+    args = _parse(["--vision", "--min-pixels", "12544", "--max-pixels", "50176", "--out-dir", str(tmp_path)])
+    config = config_from_args(get_task("vision"), args)
+    assert (config.min_pixels, config.max_pixels) == (12544, 50176)
+    command = command_line(get_task("vision"), config, tmp_path)
+    assert "--min-pixels 12544 --max-pixels 50176" in command
+    assert config_from_args(get_task("vision"), _parse(shlex.split(command)[2:])) == config
+    with pytest.raises(UsageError, match="--min-pixels does not apply to --task sft"):  # control: the text task
+        config_from_args(get_task("sft"), _parse(["--min-pixels", "12544"]))
 
 
 def test_command_line_refuses_a_negative_image_count(capsys):

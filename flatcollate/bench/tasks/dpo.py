@@ -15,35 +15,32 @@ from transformers import AutoModelForCausalLM
 
 from ...synthetic.pairs import pair_texts
 from ..build import build_on_device, model_config
-from ..config import DPOBenchConfig
-from ..pairs import draw_pairs, pair_task, timed_lengths
-from ..trainers import check_lengths, train
+from ..config import PairBenchConfig
+from ..pairs import draw_pairs, pair_task
+from ..trainers import train_pairs
 
 
-def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
+def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: train `DPOTrainer` (`padded`) or `FlatDPOTrainer` (`flattened`); `FlatDPOTrainer` prepares its own
     copy of the model."""
-    import trl
-
-    from ...integrations.trl import FlatDPOTrainer
     from ...synthetic import offline_tokenizer
 
     model = build_on_device(
         AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
     )
-    draw = draw_pairs(config)
-    expected = np.stack([draw.prompt, draw.chosen + 1, draw.rejected + 1], axis=1)  # eos after each reply
-    return train(
-        {"padded": trl.DPOTrainer, "flattened": FlatDPOTrainer}[mode],
-        trl.DPOConfig,
+    draw, vocab_size = draw_pairs(config), model.config.vocab_size
+    return train_pairs(
         config,
+        mode,
         device,
-        rows=pair_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
-        check=lambda dataset: check_lengths(dataset, ("prompt_ids", "chosen_ids", "rejected_ids"), expected),
-        timed_lengths=timed_lengths(config, draw),
+        trainers=("DPOTrainer", "FlatDPOTrainer", "DPOConfig"),
+        draw=draw,
+        rows=pair_texts(draw, vocab_size=vocab_size, seed=config.seed),
+        keys=("prompt_ids", "chosen_ids", "rejected_ids"),
+        expected=np.stack([draw.prompt, draw.chosen + 1, draw.rejected + 1], axis=1),  # eos after each reply
         model=model,
         ref_model=copy.deepcopy(model),
-        processing_class=offline_tokenizer(model.config.vocab_size),
+        processing_class=offline_tokenizer(vocab_size),
     )
 
 

@@ -10,8 +10,8 @@ and right-pads the completions to the longest completion of the batch::
     padded (4, 6)         [p p p c e .]  [p p p r r e]  [. . p c e .]  [. . p r e .]     24 slots, 17 real
     flattened (1, 17)     [p p p c e | p p p r r e | p c e | p r e]
 
-A step is one pass over a batch, after `warmup_steps` untimed ones; its loss is the mean negative log-probability of
-the batch's completion tokens, which both passes must agree on.
+A step is one pass over a batch, timed after the warm-up of `flatcollate.bench.timing.timed_pass`; its loss is the
+mean negative log-probability of the batch's completion tokens, which both passes must agree on.
 """
 
 import tempfile
@@ -22,11 +22,10 @@ from transformers import AutoModelForCausalLM
 
 from ...synthetic.pairs import EOS_PER_REPLY, PairDraw
 from ..build import build_on_device, model_config, model_summary
-from ..config import DPOBenchConfig
+from ..config import PairBenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
-from ..memory import PeakMemory
 from ..pairs import draw_pairs, pair_task, timed_lengths
-from ..timing import StepClock
+from ..timing import timed_pass
 
 GENERATIONS = 2
 """Completions per prompt: its chosen and its rejected reply."""
@@ -49,10 +48,11 @@ def padded_grpo_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, 
     return real, GENERATIONS * prompts * width
 
 
-def grpo_batches(draw: PairDraw, *, batch_size: int, vocab_size: int, seed: int) -> list[tuple]:
+def grpo_batches(draw: PairDraw, *, batch_size: int, vocab_size: int, seed: int) -> list[dict]:
     """`GRPOTrainer`'s batches of `draw`, padded as it pads them (`trl.trainer.utils.pad`: prompts on the left,
-    completions on the right): `(input_ids, attention_mask, completion width)` per step, a prompt's two completions
-    in adjacent rows after the same prompt ids, random ids, 0 on padding."""
+    completions on the right): `input_ids` and `attention_mask` `(2N, W)` int64 and `logits_to_keep` (the completion
+    width) per step, a prompt's two completions in adjacent rows after the same prompt ids, random ids, 0 on
+    padding."""
     from trl.trainer.utils import pad
 
     generator, batches = torch.Generator().manual_seed(seed), []
@@ -65,13 +65,34 @@ def grpo_batches(draw: PairDraw, *, batch_size: int, vocab_size: int, seed: int)
         sides = ((prompts, "left"), (completions, "right"))
         ids = torch.cat([pad(rows, padding_value=0, padding_side=side) for rows, side in sides], dim=1)
         masks = [pad([torch.ones_like(r) for r in rows], padding_value=0, padding_side=side) for rows, side in sides]
-        batches.append((ids, torch.cat(masks, dim=1), int(replies.max())))
+        mask = torch.cat(masks, dim=1)
+        batches.append({"input_ids": ids, "attention_mask": mask, "logits_to_keep": int(replies.max())})
     return batches
 
 
-def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
+class LogProbPasses:
+    """A step of this task (`flatcollate.bench.timing.run_pass`): the trainer's per-token log-probabilities of a
+    batch's completions, without gradients; the loss is their mean negative log-probability. Nothing to reset."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def reset(self) -> None:
+        pass
+
+    def __call__(self, inputs: dict) -> float:
+        mask, width = inputs["attention_mask"], inputs["logits_to_keep"]
+        with torch.no_grad():
+            logps, _, _ = self.trainer._get_per_token_logps_and_entropies(
+                self.trainer.model, inputs["input_ids"], mask, width
+            )
+        scored = mask[:, -width:].to(logps.dtype)
+        return -float((logps * scored).sum() / scored.sum())
+
+
+def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: build the model and `GRPOTrainer` (`padded`) or `FlatGRPOTrainer` (`flattened`, which prepares it),
-    run `warmup_steps` passes, then time one log-prob pass per timed batch."""
+    then warm up and time the log-prob passes of the timed batches (`flatcollate.bench.timing.timed_pass`)."""
     import datasets
     import transformers
     import trl
@@ -96,34 +117,12 @@ def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
             train_dataset=datasets.Dataset.from_list([{"prompt": "t1"}] * rows),
             processing_class=offline_tokenizer(vocab_size),
         )
-
-    def log_prob_pass(batch) -> float:
-        ids, mask, width = batch[0].to(device), batch[1].to(device), batch[2]
-        with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width)
-        scored = mask[:, -width:].to(logps.dtype)
-        return -float((logps * scored).sum() / scored.sum())
-
-    warm = StepClock(device)
-    warm.start()
-    for batch in batches[: config.warmup_steps]:
-        log_prob_pass(batch)
-        warm.lap()
-    clock, memory, losses = StepClock(device), PeakMemory(device), []
-    memory.reset()
-    clock.start()
-    for batch in batches[config.warmup_steps :]:
-        losses.append(log_prob_pass(batch))
-        clock.lap()
+    warm = config.warmup_steps
+    figures = timed_pass(LogProbPasses(trainer), batches[warm:], batches[:warm], device=device)
     layers, width = attention_width(model.config)
     forward = training_flops(linear_parameters(model), layers, width, timed_lengths(config, draw)) / 3
     return {
-        "step_s": clock.step_s,
-        "cpu_s": clock.cpu_s,
-        "losses": losses,
-        "first_step_s": warm.step_s[0] if warm.step_s else None,
-        "settle_passes": 0,
-        **memory.figures(),
+        **figures,
         "attn": trainer.model.config._attn_implementation,
         "pass_flops": forward,  # a forward is a third of a forward and backward
         "model": summary,

@@ -13,17 +13,14 @@ from transformers import AutoModelForSequenceClassification
 
 from ...synthetic.pairs import reward_texts
 from ..build import build_on_device, model_config
-from ..config import DPOBenchConfig
-from ..pairs import draw_pairs, pair_task, timed_lengths
-from ..trainers import check_lengths, train
+from ..config import PairBenchConfig
+from ..pairs import draw_pairs, pair_task
+from ..trainers import train_pairs
 
 
-def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
+def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: train `RewardTrainer` (`padded`) or `FlatRewardTrainer` (`flattened`), which prepares its own
     backbone."""
-    import trl
-
-    from ...integrations.trl import FlatRewardTrainer
     from ...synthetic import offline_tokenizer
 
     score_config = model_config(config)
@@ -34,15 +31,15 @@ def measure(config: DPOBenchConfig, mode: str, device: torch.device) -> dict:
     tokenizer = offline_tokenizer(model.config.vocab_size)
     model.config.pad_token_id = tokenizer.pad_token_id
     draw = draw_pairs(config, whole=True)
-    expected = np.stack(draw.sequence_lengths(), axis=1)
-    return train(
-        {"padded": trl.RewardTrainer, "flattened": FlatRewardTrainer}[mode],
-        trl.RewardConfig,
+    return train_pairs(
         config,
+        mode,
         device,
+        trainers=("RewardTrainer", "FlatRewardTrainer", "RewardConfig"),
+        draw=draw,
         rows=reward_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
-        check=lambda dataset: check_lengths(dataset, ("chosen_ids", "rejected_ids"), expected),
-        timed_lengths=timed_lengths(config, draw),
+        keys=("chosen_ids", "rejected_ids"),
+        expected=np.stack(draw.sequence_lengths(), axis=1),
         model=model,
         processing_class=tokenizer,
     )

@@ -23,10 +23,10 @@ from ..batches import (
     step_batches,
 )
 from ..build import build_on_device, model_config, model_summary
-from ..config import CPU_MODEL, PEER_MODE, ThroughputConfig
+from ..config import CPU_MODEL, PEER_MODE, SFTBenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
 from ..harness import Task, Workload
-from ..timing import timed_pass
+from ..timing import TrainingSteps, timed_pass
 
 PROFILE_FILL_SAMPLE = 20_000
 """Sequences drawn to estimate the profile's own padded real-token share (not only the few a run trains)."""
@@ -44,7 +44,7 @@ class Plan:
     collate_s: dict[str, float]
 
 
-def plan_batches(config: ThroughputConfig, *, vocab_size: int, modes: Sequence[str]) -> Plan:
+def plan_batches(config: SFTBenchConfig, *, vocab_size: int, modes: Sequence[str]) -> Plan:
     """Draw the sequences (the same in every process) and collate each of `modes`' batches, timing the collation."""
     from ... import DataCollatorWithFlattening
 
@@ -65,7 +65,7 @@ def plan_batches(config: ThroughputConfig, *, vocab_size: int, modes: Sequence[s
     return Plan(pool, pack_len, list(modes), batches, warm_batches, collate_s)
 
 
-def profile_fill(config: ThroughputConfig) -> dict[str, float]:
+def profile_fill(config: SFTBenchConfig) -> dict[str, float]:
     """The real-token share a padded batch of this size has over the whole profile, cut to `max_length` and not."""
     prompt, completion = load_profile(config.profile).sample(PROFILE_FILL_SAMPLE, seed=config.seed)
     return {
@@ -74,7 +74,7 @@ def profile_fill(config: ThroughputConfig) -> dict[str, float]:
     }
 
 
-def workload(config: ThroughputConfig) -> Workload:
+def workload(config: SFTBenchConfig) -> Workload:
     """Every mode's batches, collated here to count their tokens and steps and time their collation."""
     plan = plan_batches(config, vocab_size=model_config(config).vocab_size, modes=config.modes)
     pool = plan.pool
@@ -91,7 +91,7 @@ def workload(config: ThroughputConfig) -> Workload:
     return Workload.from_batches(plan.batches, data, plan.collate_s)
 
 
-def measure(config: ThroughputConfig, mode: str, device: torch.device) -> dict:
+def measure(config: SFTBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: build the model (prepared by flatcollate unless the mode is transformers' own path), collate the mode's
     batches, warm up and time one pass (`flatcollate.bench.timing.timed_pass`)."""
     from ...attention import register_packed_attention
@@ -102,10 +102,10 @@ def measure(config: ThroughputConfig, mode: str, device: torch.device) -> dict:
     )
     if mode != PEER_MODE:  # transformers' own padding-free path runs on a model flatcollate has not prepared
         model = prepare_model_for_flattening(model)
-        flat = register_packed_attention() if config.flattened_attn == "auto" else config.flattened_attn
+        flat = register_packed_attention() if config.attn == "auto" else config.attn
         model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat)
     plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=[mode])
-    figures = timed_pass(model, plan.batches[mode], plan.warm_batches[mode], lr=config.lr, device=device)
+    figures = timed_pass(TrainingSteps(model, lr=config.lr), plan.batches[mode], plan.warm_batches[mode], device=device)
     layers, width = attention_width(model.config)
     return {
         **figures,
@@ -133,14 +133,14 @@ def data_lines(result: dict) -> list[str]:
     return lines
 
 
-def validate(config: ThroughputConfig) -> None:
+def validate(config: SFTBenchConfig) -> None:
     """The profile, the attention backend, the pack length, the head counts and the memory it needs."""
     from ..options import check_attn, check_heads, check_memory, check_pack_len, check_profile
     from ..timing import resolve_device
 
     check_profile(config.profile)
     device = resolve_device(config.device).type
-    check_attn(config.flattened_attn, device)
+    check_attn(config.attn, device)
     check_pack_len(config.pack_len, config.max_length)
     base = CPU_MODEL if config.tiny else {}
     given = {k: v for k, v in config.model_overrides.items() if base.get(k) != v}
@@ -151,7 +151,7 @@ def validate(config: ThroughputConfig) -> None:
 TASK = Task(
     name="sft",
     flag="--task sft",
-    config=ThroughputConfig,
+    config=SFTBenchConfig,
     files="throughput",
     modes={
         "padded": "padded to the longest in the batch, attention_mask, sdpa",

@@ -35,7 +35,7 @@ from ..config import MAX_IMAGES, BenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
 from ..harness import Task, Workload
 from ..overrides import check_sizes
-from ..timing import timed_pass
+from ..timing import TrainingSteps, timed_pass
 from .sft import PROFILE_FILL_SAMPLE
 
 VISION_TEXT_MODEL = {
@@ -165,7 +165,7 @@ def measure(config: VisionBenchConfig, mode: str, device: torch.device) -> dict:
     model = build_vision_model(config, device=device)
     summary = model_summary(model)
     pool, batches, warm_batches, _ = plan_vision_batches(config, model, [mode])
-    figures = timed_pass(model, batches[mode], warm_batches[mode], lr=config.lr, device=device)
+    figures = timed_pass(TrainingSteps(model, lr=config.lr), batches[mode], warm_batches[mode], device=device)
     attn = model.config.text_config._attn_implementation
     return {**figures, "attn": attn, "pass_flops": pass_flops(model, pool), "model": summary, "environment": {}}
 
@@ -225,7 +225,7 @@ TASK = Task(
     },
     subject="flatcollate (flattened)",
     baseline="padded batches",
-    options=frozenset({"max_images", "max_pixels"}),
+    options=frozenset({"max_images", "min_pixels", "max_pixels"}),
     scope="its model is qwen2_5_vl, its modes padded and flattened; size the language model with --set",
     workload=workload,
     measure=measure,
