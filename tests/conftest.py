@@ -1,4 +1,5 @@
-"""Shared fixtures: the real data beside the checkout (`../shared/data`), skipped cleanly where it is absent."""
+"""Shared fixtures: the real data beside the checkout (`../shared/data`), skipped cleanly where it is absent, and
+`no_run` for the `flatcollate bench` command line."""
 
 import os
 from pathlib import Path
@@ -56,3 +57,14 @@ def hh_rlhf_prompt_pairs(shared_data):
         raise AssertionError(f"fewer than {n} usable pairs in {path.name}")
 
     return get
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """`flatcollate bench` with a usage error: it must be refused before any benchmark runs."""
+    from flatcollate.bench import harness
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the benchmark ran despite a usage error")
+
+    monkeypatch.setattr(harness, "run_bench", refuse)

@@ -9,7 +9,6 @@ import torch
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 import flatcollate
-from flatcollate.bench import harness
 from flatcollate.cli import UsageError, build_parser, main
 
 
@@ -181,16 +180,6 @@ def test_check_exit_status_is_the_flatcollate_backend(capsys):
 
 
 # ---- flatcollate bench ----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_run(monkeypatch):
-    """Usage errors must be found before any training starts."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the benchmark ran despite a usage error")
-
-    monkeypatch.setattr(harness, "run_bench", refuse)
 
 
 @pytest.mark.parametrize(

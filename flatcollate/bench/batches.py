@@ -15,6 +15,10 @@ the layout differ. Three sequences of lengths 3, 1 and 2 with batch size 3 (`.` 
 without flash-attn): transformers detects the boundaries from `position_ids` and builds a dense block mask.
 """
 
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import transformers
@@ -108,6 +112,30 @@ def step_batches(
             }
             batches.append(flattening_collator([packed]))
     return batches
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the modes of a task train on: the drawn pool, each mode's timed and warm-up batches and the seconds its
+    collation took."""
+
+    pool: object
+    batches: dict[str, list[dict]]
+    warm_batches: dict[str, list[dict]]
+    collate_s: dict[str, float]
+
+
+def plan_modes(modes: Sequence[str], collate: Callable, pool, warm, *, max_length: int, warmup_steps: int) -> Plan:
+    """Every mode's batches of `pool` (`collate(mode, pool)`, timed; checked by `check_labelled`) and the first
+    `warmup_steps` of its batches of `warm`, drawn apart so that no warm-up step trains a timed batch."""
+    batches, warm_batches, collate_s = {}, {}, {}
+    for mode in modes:
+        start = time.perf_counter()
+        batches[mode] = collate(mode, pool)
+        collate_s[mode] = time.perf_counter() - start
+        check_labelled(batches[mode], mode, max_length=max_length)
+        warm_batches[mode] = collate(mode, warm)[:warmup_steps]
+    return Plan(pool, batches, warm_batches, collate_s)
 
 
 def real_tokens(batch: dict) -> int:

@@ -38,6 +38,25 @@ def option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+NUMBERS = (
+    ("batch_size", positive_int, "sequences per optimizer step"),
+    ("max_length", positive_int, "longer sequences are truncated"),
+    ("steps", positive_int, "optimizer steps per timed pass"),
+    ("warmup_steps", non_negative_int, "untimed steps before every timed pass (each also warms up until it settles)"),
+    ("repeats", positive_int, "timed passes per mode, interleaved"),
+    ("lr", positive_float, "AdamW learning rate"),
+    ("seed", int, "seed of lengths, token ids and weights"),
+)
+"""The numeric options every task takes: destination, argparse type, help; the default is `SFTBenchConfig`'s."""
+
+VISION_NUMBERS = (
+    ("max_images", f"images per example, 0-N (default: {MAX_IMAGES})"),
+    ("min_pixels", "the image processor's min_pixels (default: Qwen2-VL's, 56*56)"),
+    ("max_pixels", "the image processor's max_pixels (default: Qwen2-VL's, 28*28*1280)"),
+)
+"""The numeric options only `--vision` takes, ints >= 0 (`check_fields` asks more of the pixel limits)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `flatcollate bench` and `benchmarks/throughput.py`, defaults from `SFTBenchConfig`."""
     default = SFTBenchConfig()
@@ -56,22 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="config attribute to override, e.g. --set hidden_size=256 (repeatable; values parsed as JSON; the key "
         "must exist in the model's config)",
     )
-    parser.add_argument(
-        "--batch-size", type=positive_int, default=default.batch_size, help="sequences per optimizer step"
-    )
-    parser.add_argument(
-        "--max-length", type=positive_int, default=default.max_length, help="longer sequences are truncated"
-    )
-    parser.add_argument("--steps", type=positive_int, default=default.steps, help="optimizer steps per timed pass")
-    parser.add_argument(
-        "--warmup-steps",
-        type=non_negative_int,
-        default=default.warmup_steps,
-        help="untimed steps before every timed pass (each mode also warms up until its step times settle)",
-    )
-    parser.add_argument(
-        "--repeats", type=positive_int, default=default.repeats, help="timed passes per mode, interleaved"
-    )
+    for dest, kind, text in NUMBERS:
+        parser.add_argument(option(dest), type=kind, default=getattr(default, dest), help=text)
     parser.add_argument(
         "--modes",
         nargs="+",
@@ -89,8 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"attention of the flattened modes (auto: flatcollate backend) (default: {default.attn})",
     )
-    parser.add_argument("--lr", type=positive_float, default=default.lr, help="AdamW learning rate")
-    parser.add_argument("--seed", type=int, default=default.seed, help="seed of lengths, token ids and weights")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=default.device, help="auto: CUDA if any")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=default.dtype, help="model dtype")
     parser.add_argument(
@@ -110,24 +113,8 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
         help="image-text profile: a small Qwen2.5-VL-shaped model, padded vs flattened, 0-N images per example "
         "sized by Qwen2-VL's dynamic resolution (--profile gives the text lengths; --set sizes the language model)",
     )
-    parser.add_argument(
-        "--max-images",
-        type=non_negative_int,
-        default=None,
-        help=f"--vision: images per example, 0-N (default: {MAX_IMAGES})",
-    )
-    parser.add_argument(
-        "--min-pixels",
-        type=non_negative_int,
-        default=None,
-        help="--vision: the image processor's min_pixels (default: Qwen2-VL's, 56*56)",
-    )
-    parser.add_argument(
-        "--max-pixels",
-        type=non_negative_int,
-        default=None,
-        help="--vision: the image processor's max_pixels (default: Qwen2-VL's, 28*28*1280)",
-    )
+    for dest, text in VISION_NUMBERS:
+        parser.add_argument(option(dest), type=non_negative_int, default=None, help=f"--vision: {text}")
 
 
 def task_of(args: argparse.Namespace) -> str:

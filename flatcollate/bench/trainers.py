@@ -87,7 +87,7 @@ def train(
     return {
         **clock.figures(),
         "losses": trainer.losses,
-        "attn": trainer.model.config._attn_implementation,
+        "attn": trainer.model.base_model.config._attn_implementation,  # a reward model's backbone is prepared apart
         "pass_flops": flops * (4 / 3 if "ref_model" in kwargs else 1),
         "model": summary,
         "environment": {"gradient_checkpointing": bool(trainer.args.gradient_checkpointing)},

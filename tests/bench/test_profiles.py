@@ -1,12 +1,16 @@
-"""Length profiles: shipped histograms reproduce the real datasets' padding, and user data loads with clear errors."""
+"""Length profiles: shipped histograms reproduce the real datasets' padding, and user data loads with clear errors; the
+pair profile of the preference tasks ships apart, is what its script writes and matches a per-pair tokenization."""
 
+import gzip
 import json
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
-from flatcollate.profiles import LengthProfile, available_profiles, load_profile, padded_fill
-from flatcollate.profiles.make import SOURCES, make_profiles
+from flatcollate.profiles import LengthProfile, available_pair_profiles, available_profiles, load_profile, padded_fill
+from flatcollate.profiles.make import SOURCES, make_pair_profiles, make_profiles
+from flatcollate.profiles.pair_profile import load_pair_profile, split_pair
 
 STATS_KEY = {"flan": "t0", "gsm8k": "gsm8k", "code_alpaca": "code_alpaca", "hh_rlhf": "hh"}
 
@@ -136,3 +140,60 @@ def test_bad_names_and_datasets(tmp_path):
         load_profile(tmp_path / "ds")
     with pytest.raises(ValueError, match="`n` must be a non-negative int"):
         load_profile("flan").sample(-1)
+
+
+# ---- the pair profile of the preference tasks ------------------------------------------------------------------------
+
+
+def test_the_hh_rlhf_pair_profile_ships_apart_from_the_sft_profiles():
+    assert available_pair_profiles() == ["hh_rlhf"]
+    assert "pairs" not in available_profiles()
+    profile = load_pair_profile("hh_rlhf")
+    assert profile.num_rows == 2307 and "qwen2.5-instruct" in profile.source and "2312 pairs" in profile.source
+    assert profile.prompt.dtype == np.int64 and (profile.prompt > 0).all()
+    assert (profile.chosen >= 0).all() and (profile.rejected >= 0).all()
+
+
+def test_the_committed_pair_profile_is_what_the_script_writes(shared_data, tmp_path):
+    (path,) = make_pair_profiles(shared_data, tmp_path)
+    assert json.loads(path.read_text()) == load_pair_profile("hh_rlhf").to_dict()
+
+
+def test_pair_lengths_against_a_per_pair_loop(shared_data, tokenizer_dir):
+    """The first 40 usable pairs, split and tokenized one at a time, give the profile's first 40 rows."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir("qwen2.5-instruct"))
+    expected = []
+    with gzip.open(shared_data / "datasets" / "hh_rlhf_harmless_base_test.jsonl.gz", "rt") as lines:
+        for line in lines:
+            row = json.loads(line)
+            head, _, chosen = row["chosen"].rpartition("\n\nAssistant:")
+            other, _, rejected = row["rejected"].rpartition("\n\nAssistant:")
+            if head != other:
+                continue
+            texts = (head + "\n\nAssistant:", chosen, rejected)
+            expected.append([len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts])
+            if len(expected) == 40:
+                break
+    profile = load_pair_profile("hh_rlhf")
+    got = np.stack([profile.prompt, profile.chosen, profile.rejected], axis=1)[:40]
+    assert got.tolist() == expected
+
+
+def test_split_pair_needs_a_shared_head():
+    assert split_pair("\n\nHuman: a\n\nAssistant: b", "\n\nHuman: a\n\nAssistant: c") == (
+        "\n\nHuman: a\n\nAssistant:",
+        " b",
+        " c",
+    )
+    assert split_pair("\n\nHuman: a\n\nAssistant: b", "\n\nHuman: x\n\nAssistant: c") is None
+    assert split_pair("\n\nHuman: a", "\n\nHuman: a\n\nAssistant: c") is None
+
+
+def test_pair_profile_files_load_and_bad_ones_say_what_a_pair_profile_is(tmp_path):
+    profile = load_pair_profile("hh_rlhf")
+    profile.save(tmp_path / "mine.json")
+    assert load_pair_profile(tmp_path / "mine.json").to_dict() == profile.to_dict()
+    (tmp_path / "rows.json").write_text('{"rows": [[1, 2]]}')
+    for bad in ("flan", tmp_path / "rows.json", tmp_path / "missing.json"):
+        with pytest.raises(ValueError, match="pair profile"):
+            load_pair_profile(bad)

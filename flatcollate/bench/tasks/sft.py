@@ -6,9 +6,7 @@ and `flattened` must coincide. The parent collates every mode's batches once to 
 collates its own mode's again, from the same seed.
 """
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,12 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from ...profiles.load import load_profile, padded_fill
 from ...synthetic.sequences import SyntheticSequences, synthetic_sequences
-from ..batches import (
-    check_labelled,
-    default_pack_len,
-    real_tokens,
-    step_batches,
-)
+from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batches
 from ..build import build_on_device, model_config, model_summary
 from ..config import CPU_MODEL, PEER_MODE, SFTBenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
@@ -32,37 +25,26 @@ PROFILE_FILL_SAMPLE = 20_000
 """Sequences drawn to estimate the profile's own padded real-token share (not only the few a run trains)."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the modes train on: the drawn sequences, each mode's timed and warm-up batches, the pack length."""
-
-    pool: SyntheticSequences
-    pack_len: int
-    modes: list[str]
-    batches: dict[str, list[dict]]
-    warm_batches: dict[str, list[dict]]
-    collate_s: dict[str, float]
-
-
 def plan_batches(config: SFTBenchConfig, *, vocab_size: int, modes: Sequence[str]) -> Plan:
-    """Draw the sequences (the same in every process) and collate each of `modes`' batches, timing the collation."""
+    """Draw the sequences (the same in every process) and collate each of `modes`' batches (`batches.plan_modes`)."""
     from ... import DataCollatorWithFlattening
 
     profile = load_profile(config.profile)
     draw = {"max_length": config.max_length, "vocab_size": vocab_size}
     pool = synthetic_sequences(profile, config.steps * config.batch_size, seed=config.seed, **draw)
     warm = synthetic_sequences(profile, config.batch_size, seed=config.seed + 1, **draw)
-    pack_len = config.pack_len or default_pack_len(pool, batch_size=config.batch_size, max_length=config.max_length)
-    kwargs = {"batch_size": config.batch_size, "max_length": config.max_length, "pack_len": pack_len}
-    kwargs["flattening_collator"] = DataCollatorWithFlattening()
-    batches, warm_batches, collate_s = {}, {}, {}
-    for mode in modes:
-        start = time.perf_counter()
-        batches[mode] = step_batches(pool, mode, **kwargs)
-        collate_s[mode] = time.perf_counter() - start
-        check_labelled(batches[mode], mode, max_length=config.max_length)
-        warm_batches[mode] = step_batches(warm, mode, **kwargs)[: config.warmup_steps]
-    return Plan(pool, pack_len, list(modes), batches, warm_batches, collate_s)
+    options = {"batch_size": config.batch_size, "max_length": config.max_length, "pack_len": pack_len(config, pool)}
+    options["flattening_collator"] = DataCollatorWithFlattening()
+
+    def collate(mode: str, seqs: SyntheticSequences) -> list[dict]:
+        return step_batches(seqs, mode, **options)
+
+    return plan_modes(modes, collate, pool, warm, max_length=config.max_length, warmup_steps=config.warmup_steps)
+
+
+def pack_len(config: SFTBenchConfig, pool: SyntheticSequences) -> int:
+    """Tokens per pack of the `packed` mode: `config.pack_len`, by default `default_pack_len` of the drawn pool."""
+    return config.pack_len or default_pack_len(pool, batch_size=config.batch_size, max_length=config.max_length)
 
 
 def profile_fill(config: SFTBenchConfig) -> dict[str, float]:
@@ -84,10 +66,10 @@ def workload(config: SFTBenchConfig) -> Workload:
         "mean_length": float(pool.lengths.mean()),
         "max_length_seen": int(pool.lengths.max()),
         "truncated": pool.truncated,
-        "pack_len": int(plan.pack_len),
+        "pack_len": int(pack_len(config, pool)),
         "profile_padded_fill": profile_fill(config),
     }
-    assert sum(real_tokens(b) for b in plan.batches[plan.modes[0]]) == data["real_tokens"]
+    assert sum(real_tokens(b) for b in plan.batches[config.modes[0]]) == data["real_tokens"]
     return Workload.from_batches(plan.batches, data, plan.collate_s)
 
 

@@ -9,8 +9,7 @@ the unprepared model computes every example's 3-D positions itself, on SDPA. `fl
 """
 
 import functools
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -29,7 +28,7 @@ from ...synthetic.images import (
     vision_examples,
 )
 from ...vision import VisionDataCollatorWithFlattening
-from ..batches import check_labelled, pad_examples, real_tokens, slot_tokens
+from ..batches import Plan, pad_examples, plan_modes, real_tokens, slot_tokens
 from ..build import build_on_device, model_summary
 from ..config import MAX_IMAGES, BenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
@@ -102,13 +101,10 @@ def build_vision_model(config: VisionBenchConfig, *, device: torch.device, dtype
     return build_on_device(AutoModelForImageTextToText, model_config, device=device, dtype=dtype, seed=config.seed)
 
 
-def plan_vision_batches(config: VisionBenchConfig, model, modes) -> tuple:
-    """Draw the examples (the same in every process) and collate each of `modes`' batches; `model` is the unprepared
-    model, prepared in place before the flattened batches are collated (their collator reads its forward).
-
-    Returns:
-        `(pool, batches, warm_batches, collate_s)`, the last three per mode.
-    """
+def plan_vision_batches(config: VisionBenchConfig, model, modes) -> Plan:
+    """Draw the examples (the same in every process) and collate each of `modes`' batches (`batches.plan_modes`);
+    `model` is the unprepared model, prepared in place before the flattened batches are collated (their collator
+    reads its forward)."""
     from ...modeling.prepare import prepare_model_for_flattening
 
     profile = load_profile(config.profile)
@@ -117,24 +113,25 @@ def plan_vision_batches(config: VisionBenchConfig, model, modes) -> tuple:
     warm = draw_vision_pool(profile, config.batch_size, seed=config.seed + 10, **draw)
     examples = vision_examples(model, pool, np.arange(len(pool.lengths)), seed=config.seed)
     warm_examples = vision_examples(model, warm, np.arange(len(warm.lengths)), seed=config.seed + 1)
-    batches, warm_batches, collate_s = {}, {}, {}
-    for mode in modes:
-        if mode == "padded":
-            collate = functools.partial(pad_examples, pad_token_id=model.config.text_config.pad_token_id or 0)
-        else:
-            collate = VisionDataCollatorWithFlattening.from_model(prepare_model_for_flattening(model))
-        start, size = time.perf_counter(), config.batch_size
-        batches[mode] = [collate(examples[i : i + size]) for i in range(0, len(examples), size)]
-        collate_s[mode] = time.perf_counter() - start
-        check_labelled(batches[mode], mode, max_length=config.max_length)
-        warm_batches[mode] = [collate(warm_examples)][: config.warmup_steps]
-    return pool, batches, warm_batches, collate_s
+    collators = {"padded": functools.partial(pad_examples, pad_token_id=model.config.text_config.pad_token_id or 0)}
+    if "flattened" in modes:  # the padded mode trains the unprepared model
+        collators["flattened"] = VisionDataCollatorWithFlattening.from_model(prepare_model_for_flattening(model))
+
+    def collate(mode: str, examples: list[dict]) -> list[dict]:
+        size = config.batch_size
+        return [collators[mode](examples[i : i + size]) for i in range(0, len(examples), size)]
+
+    plan = plan_modes(
+        modes, collate, examples, warm_examples, max_length=config.max_length, warmup_steps=config.warmup_steps
+    )
+    return replace(plan, pool=pool)  # the drawn pool, whose lengths and grids the FLOPs count
 
 
 def workload(config: VisionBenchConfig) -> Workload:
     """Both modes' batches, collated here on a CPU copy of the model to count their tokens."""
     model = build_vision_model(config, device=torch.device("cpu"), dtype="float32")
-    pool, batches, _, collate_s = plan_vision_batches(config, model, MODES)
+    plan = plan_vision_batches(config, model, MODES)
+    pool, batches = plan.pool, plan.batches
     real = sum(real_tokens(b) for b in batches["flattened"])
     draw = {"max_length": config.max_length, "images": config.images}
     many = draw_lengths(load_profile(config.profile), PROFILE_FILL_SAMPLE, seed=config.seed, **draw)
@@ -156,7 +153,7 @@ def workload(config: VisionBenchConfig) -> Workload:
             "max": int(tokens.max()) if tokens.size else 0,
         },
     }
-    return Workload.from_batches(batches, data, collate_s)
+    return Workload.from_batches(batches, data, plan.collate_s)
 
 
 def measure(config: VisionBenchConfig, mode: str, device: torch.device) -> dict:
@@ -164,10 +161,10 @@ def measure(config: VisionBenchConfig, mode: str, device: torch.device) -> dict:
     time one pass."""
     model = build_vision_model(config, device=device)
     summary = model_summary(model)
-    pool, batches, warm_batches, _ = plan_vision_batches(config, model, [mode])
-    figures = timed_pass(TrainingSteps(model, lr=config.lr), batches[mode], warm_batches[mode], device=device)
+    plan = plan_vision_batches(config, model, [mode])
+    figures = timed_pass(TrainingSteps(model, lr=config.lr), plan.batches[mode], plan.warm_batches[mode], device=device)
     attn = model.config.text_config._attn_implementation
-    return {**figures, "attn": attn, "pass_flops": pass_flops(model, pool), "model": summary, "environment": {}}
+    return {**figures, "attn": attn, "pass_flops": pass_flops(model, plan.pool), "model": summary, "environment": {}}
 
 
 def pass_flops(model, pool) -> float:
