@@ -5,7 +5,8 @@ the "flan" length profile, batch 8, one torch thread) and prints padding efficie
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
 batches, with their spread over repeats. `--vision` measures image-text training instead, `--task dpo` preference
 training (trl.DPOTrainer on padded batches against FlatDPOTrainer on flattened rows), `--task reward` reward-model
-training (trl.RewardTrainer against FlatRewardTrainer on the same pairs). Every task runs through one harness
+training (trl.RewardTrainer against FlatRewardTrainer on the same pairs), `--task grpo` GRPO's log-prob pass
+(GRPOTrainer's against FlatGRPOTrainer's). Every task runs through one harness
 (`flatcollate.bench.harness`), each (mode, repeat) a fresh process.
 """
 

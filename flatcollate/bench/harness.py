@@ -129,7 +129,7 @@ def run_bench(task_name: str, config=None, *, progress: bool = True, runner: Run
     process, the modes taking turns; return the summary (`summary.summarize`).
 
     Args:
-        task_name (`str`): one of `task_names()`: `"sft"`, `"vision"`, `"dpo"`, `"reward"`.
+        task_name (`str`): one of `task_names()`: `"sft"`, `"vision"`, `"dpo"`, `"reward"`, `"grpo"`.
         config (*optional*): the task's config dataclass.
         progress (`bool`): a progress bar over the runs on stderr.
         runner (`Runner`, *optional*): carries out one run; default a worker process (`in_process` runs it here).

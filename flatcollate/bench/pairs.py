@@ -1,5 +1,5 @@
-"""What the preference benchmarks (`dpo`, `reward`) train on: the synthetic pairs of `flatcollate.synthetic.pairs`
-drawn from a benchmark config, the padding TRL's batches of them carry, and the task both benchmarks share.
+"""What the preference tasks (`dpo`, `reward`, `grpo`) train on: the synthetic pairs of `flatcollate.synthetic.pairs`
+drawn from a benchmark config, the padding TRL's batches of them carry, and the `Task` they share (`pair_task`).
 
 TRL tokenizes the prompt and each reply and appends the eos to each reply, so a pair of lengths `(p, c, r)` trains two
 sequences of `p + c + 1` and `p + r + 1` tokens, each cut to `max_length`. A batch of `N` pairs is `2N` sequences,

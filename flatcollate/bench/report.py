@@ -14,7 +14,7 @@ from .repeats import format_spread
 
 def report_files(result: dict) -> tuple[str, ...]:
     """What `write_report` puts in its output folder: `<stem>.json`, `.md`, `.png` and `<stem>_loss_curves.png`, the
-    stem the task's (`throughput` for SFT, `vision`, `dpo`, `reward`)."""
+    stem the task's (`throughput` for SFT, otherwise its name)."""
     stem = get_task(result["task"]).files
     return (f"{stem}.json", f"{stem}.md", f"{stem}.png", f"{stem}_loss_curves.png")
 

@@ -9,7 +9,7 @@ lengths keep exact one-token bins while long tails share wide bins::
     counts            [rows in that cell, ...]             (K,) int
 
 Sampling picks a cell in proportion to its count, then a length uniformly inside each bin. Named profiles and
-profiles of your own data are read by `flatcollate.bench.profiles.load_profile`.
+profiles of your own data are read by `flatcollate.profiles.load_profile`.
 """
 
 from __future__ import annotations
