@@ -31,35 +31,27 @@ def draw_pairs(
     return sample_pairs(config.profile, n, max_length=config.max_length, seed=seed, whole=whole)
 
 
-def padded_pair_tokens(chosen: np.ndarray, rejected: np.ndarray, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Real and padded token counts of each of `DPOTrainer`'s batches: consecutive pairs, `batch_size` at a time
-    (the last batch may be smaller), the `2N` sequences padded to the longest of them.
-
-    Args:
-        chosen (`np.ndarray` of shape `(N,)`, int): tokens of each chosen sequence (prompt + reply), as trained.
-        rejected (`np.ndarray` of shape `(N,)`, int): same for the rejected sequences.
-        batch_size (`int`): pairs per batch.
+def padded_pair_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Real and padded token counts of each of `DPOTrainer`'s and `RewardTrainer`'s batches of `draw`: consecutive
+    pairs, `batch_size` at a time (the last batch may hold fewer), the `2N` sequences (prompt + reply + eos, cut to
+    `max_length`: `PairDraw.sequence_lengths`) padded to the longest of them.
 
     Returns:
         `(real, slots)`, each `np.ndarray` of shape `(B,)`, int64: tokens of the sequences and of the padded
         `(2N, L)` batch.
 
-    >>> padded_pair_tokens(np.array([5, 2, 4]), np.array([6, 3, 1]), batch_size=2)
-    (array([16,  5]), array([24,  8]))
+    >>> draw = PairDraw(np.array([3, 1]), np.array([1, 1]), np.array([2, 1]), max_length=64)  # sequences 5 3 | 6 3
+    >>> padded_pair_tokens(draw, batch_size=2)
+    (array([17]), array([24]))
     """
-    chosen, rejected = np.asarray(chosen, dtype=np.int64), np.asarray(rejected, dtype=np.int64)
+    chosen, rejected = (np.asarray(lengths, dtype=np.int64) for lengths in draw.sequence_lengths())
     starts = np.arange(0, chosen.size, batch_size)
     pairs = np.diff(np.append(starts, chosen.size))
     longest = np.maximum(np.maximum.reduceat(chosen, starts), np.maximum.reduceat(rejected, starts))
     return np.add.reduceat(chosen + rejected, starts), 2 * pairs * longest
 
 
-def padded_sequence_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`padded_pair_tokens` of the sequences of `draw`: the layout of `DPOTrainer`'s and `RewardTrainer`'s batches."""
-    return padded_pair_tokens(*draw.sequence_lengths(), batch_size=batch_size)
-
-
-def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padded_sequence_tokens) -> float:
+def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padded_pair_tokens) -> float:
     """Padding fraction of the padded trainer's batches over `PROFILE_FILL_PAIRS` pairs of the profile, not only the
     pairs one run draws; `whole` as in `draw_pairs`, `layout(draw, batch_size=...)` counts a batch's tokens."""
     real, slots = layout(draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole), batch_size=config.batch_size)
@@ -67,7 +59,7 @@ def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padd
 
 
 def pair_workload(
-    config: PairBenchConfig, *, whole: bool, modes: tuple[str, ...], layout=padded_sequence_tokens
+    config: PairBenchConfig, *, whole: bool, modes: tuple[str, ...], layout=padded_pair_tokens
 ) -> Workload:
     """What both trainers train on in their timed steps (after `warmup_steps`): the sequences of the drawn pairs,
     padded (`padded`, as `layout(draw, batch_size=...)` counts) or not (`flattened`); `whole` as in `draw_pairs`."""
@@ -145,7 +137,7 @@ def pair_task(
     measure,
     whole: bool,
     step: str,
-    layout=padded_sequence_tokens,
+    layout=padded_pair_tokens,
     padding: str = "each batch's 2N sequences padded to the longest",
     verb: str = "trains",
 ) -> Task:

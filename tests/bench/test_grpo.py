@@ -37,7 +37,7 @@ def test_batches_are_what_grpo_trainer_builds_and_the_padding_their_count():
         assert CompletionRows(mask, width).flattenable, "left-padded prompt, right-padded completion: one run"
         assert (ids[mask == 0] == 0).all() and (ids[mask == 1] > 0).all()
     # Control: DPO pads each sequence whole, not prompt and completion apart, and counts other slots.
-    _, dpo_slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=3)
+    _, dpo_slots = padded_pair_tokens(draw, batch_size=3)
     assert (dpo_slots <= slots).all() and (dpo_slots < slots).any()
 
 

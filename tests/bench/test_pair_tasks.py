@@ -17,7 +17,7 @@ import torch
 from flatcollate.bench.cli import command_line, config_from_args
 from flatcollate.bench.config import PairBenchConfig, check_fields
 from flatcollate.bench.harness import get_task
-from flatcollate.bench.pairs import draw_pairs, padded_sequence_tokens
+from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 
@@ -78,7 +78,7 @@ def test_smoke_run_padding_is_the_count_of_its_batches(smoke):
     if name == "grpo":
         from flatcollate.bench.tasks.grpo import padded_grpo_tokens as layout
     else:  # both pad each batch's 2N sequences to the longest (checked against TRL's collators in test_pairs.py)
-        layout = padded_sequence_tokens
+        layout = padded_pair_tokens
     real, slots = layout(draw_pairs(config, whole=name != "dpo"), batch_size=config.batch_size)
     real, slots = real[config.warmup_steps :].sum(), slots[config.warmup_steps :].sum()
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]

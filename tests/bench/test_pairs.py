@@ -44,7 +44,7 @@ def test_padding_is_what_trls_reward_collator_pads():
     draw = PairDraw(*(rng.integers(low, 30, size=7) for low in (1, 0, 0)), max_length=100)
     chosen, rejected = draw.sequence_lengths()
     collator = trl.trainer.reward_trainer.DataCollatorForPreference(pad_token_id=0)
-    real, slots = padded_pair_tokens(chosen, rejected, batch_size=3)
+    real, slots = padded_pair_tokens(draw, batch_size=3)
     for index, start in enumerate(range(0, 7, 3)):
         examples = [
             {"chosen_ids": [2] * int(c), "rejected_ids": [3] * int(r)}
@@ -58,7 +58,7 @@ def test_padding_of_a_small_batch_by_hand():
     """Pairs (prompt, chosen, rejected) = (3, 1, 2), (1, 1, 1), (2, 4, 1), batch 2, max_length 6; + 1 eos per reply:
     batch 0 sequences 5 3 | 6 3 -> 4 x 6 = 24 slots, 17 real; batch 1 sequences 6 (7 cut to 6) | 4 -> 2 x 6, 10 real."""
     draw = PairDraw(np.array([3, 1, 2]), np.array([1, 1, 4]), np.array([2, 1, 1]), max_length=6)
-    real, slots = padded_pair_tokens(*draw.sequence_lengths(), batch_size=2)
+    real, slots = padded_pair_tokens(draw, batch_size=2)
     assert real.tolist() == [17, 10] and slots.tolist() == [24, 12]
     assert draw.truncated == 1
     assert 1 - real.sum() / slots.sum() == pytest.approx(9 / 36)
@@ -68,9 +68,8 @@ def test_padding_is_what_trls_collator_pads():
     trl = pytest.importorskip("trl")
     rng = np.random.default_rng(0)
     draw = PairDraw(*(rng.integers(low, 30, size=7) for low in (1, 0, 0)), max_length=24)
-    chosen, rejected = draw.sequence_lengths()
     collator = trl.trainer.dpo_trainer.DataCollatorForPreference(pad_token_id=0, max_length=24)
-    real, slots = padded_pair_tokens(chosen, rejected, batch_size=3)
+    real, slots = padded_pair_tokens(draw, batch_size=3)
     for index, start in enumerate(range(0, 7, 3)):
         examples = [
             {"prompt_ids": [1] * int(p), "chosen_ids": [2] * (int(c) + 1), "rejected_ids": [3] * (int(r) + 1)}
