@@ -1,6 +1,6 @@
 """Benchmarks of padding-free training: throughput, memory and MFU per collation mode, for every task (text SFT,
-image-text SFT, DPO, reward, GRPO log-prob passes) through one harness (`harness`), on batches drawn from the length
-profiles of `flatcollate.profiles`.
+image-text SFT, DPO, KTO, reward, GRPO log-prob passes) through one harness (`harness`), on batches drawn from the
+length profiles of `flatcollate.profiles`.
 
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch. The
 preference tasks import `integrations` (and so trl) only inside the worker that trains.
@@ -20,7 +20,7 @@ _SOURCES = {
     "Workload": "harness",
     "get_task": "harness",
     "run_bench": "harness",
-    "task_names": "harness",
+    "task_names": "tasks",
     "step_batches": "batches",
     "markdown_table": "report",
     "summary_text": "report",

@@ -4,10 +4,11 @@ With no arguments it runs an embedded offline default on the CPU in about 3.5 mi
 the "flan" length profile, batch 8, one torch thread) and prints padding efficiency, tokens/s per mode, ratios,
 optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
 batches, with their spread over repeats. `--vision` measures image-text training instead, `--task dpo` preference
-training (trl.DPOTrainer on padded batches against FlatDPOTrainer on flattened rows), `--task reward` reward-model
-training (trl.RewardTrainer against FlatRewardTrainer on the same pairs), `--task grpo` GRPO's log-prob pass
-(GRPOTrainer's against FlatGRPOTrainer's). Every task runs through one harness
-(`flatcollate.bench.harness`), each (mode, repeat) a fresh process.
+training (trl.DPOTrainer on padded batches against FlatDPOTrainer on flattened rows), `--task kto` unpaired
+preference training (trl.KTOTrainer against FlatKTOTrainer), `--task reward` reward-model training (trl.RewardTrainer
+against FlatRewardTrainer on the same pairs), `--task grpo` GRPO's log-prob pass (GRPOTrainer's against
+FlatGRPOTrainer's). Every task runs through one harness (`flatcollate.bench.harness`), each (mode, repeat) a fresh
+process.
 """
 
 import argparse
@@ -24,6 +25,7 @@ from ..profiles.names import available_pair_profiles, available_profiles
 from .config import MAX_IMAGES, MODES, PairBenchConfig, SFTBenchConfig
 from .options import check_writable
 from .overrides import check_overrides, parse_overrides
+from .tasks import task_names
 
 FIXED_FIELDS = ("model_overrides", "tiny")
 """Config fields set by `--set` and `--full-size`; every other field `name` is set by the option `--name` (dashes for
@@ -233,10 +235,11 @@ def register_cli(subparsers) -> None:
     )
     parser.add_argument(
         "--task",
-        choices=("sft", "vision", "dpo", "reward", "grpo"),
+        choices=task_names(),
         default="sft",
         help="sft: supervised fine-tuning, the modes below; vision: as --vision; dpo: trl.DPOTrainer (padded) vs "
-        "FlatDPOTrainer (flattened) on preference pairs, --batch-size pairs per step (needs trl); reward: "
+        "FlatDPOTrainer (flattened) on preference pairs, --batch-size pairs per step (needs trl); kto: "
+        "trl.KTOTrainer vs FlatKTOTrainer, each pair as a desirable and an undesirable example; reward: "
         "trl.RewardTrainer vs FlatRewardTrainer on the same pairs; grpo: GRPOTrainer's log-prob pass vs "
         "FlatGRPOTrainer's, each prompt with two completions",
     )
@@ -244,8 +247,8 @@ def register_cli(subparsers) -> None:
         "--profile",
         default=None,
         help=f"length profile: one of {', '.join(available_profiles())}, a tokenized dataset folder, or a lengths "
-        f"file; with --task dpo, reward or grpo a pair profile, one of {', '.join(available_pair_profiles())} "
-        f"(default: {SFTBenchConfig().profile}; --task dpo, reward, grpo: {PairBenchConfig().profile})",
+        f"file; with --task dpo, kto, reward or grpo a pair profile, one of {', '.join(available_pair_profiles())} "
+        f"(default: {SFTBenchConfig().profile}; the preference tasks: {PairBenchConfig().profile})",
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
     add_arguments(parser)

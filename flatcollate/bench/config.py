@@ -90,7 +90,7 @@ class SFTBenchConfig(BenchConfig):
 
 @dataclass(frozen=True)
 class PairBenchConfig(BenchConfig):
-    """What the preference tasks measure (`flatcollate.bench.tasks.dpo`, `tasks.reward`, `tasks.grpo`):
+    """What the preference tasks measure (`flatcollate.bench.tasks.dpo`, `tasks.kto`, `tasks.reward`, `tasks.grpo`):
     `BenchConfig`'s fields, `model` and `tiny` as in `SFTBenchConfig`; `batch_size` counts pairs (`2 * batch_size`
     sequences),
     `max_length` is `DPOConfig.max_length` (pairs whose prompt alone is that long are not drawn: TRL drops them), the

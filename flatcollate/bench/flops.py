@@ -68,6 +68,21 @@ def training_flops(linear: int, layers: int, width: int, lengths) -> float:
     return 6.0 * linear * sum(lengths) + 6.0 * layers * width * sum(n * n for n in lengths)
 
 
+def step_flops(model: torch.nn.Module, *, trained=(), scored=()) -> float:
+    """Model FLOPs of a step of `model` (its text model's width and depth, every `nn.Linear`) that trains on sequences
+    of lengths `trained` (forward and backward) and scores sequences of lengths `scored` (a forward without
+    gradients: a third of a forward and backward), e.g. DPO's reference pass.
+
+    >>> from flatcollate.models import tiny_causal_lm
+    >>> model = tiny_causal_lm("llama")
+    >>> step_flops(model, trained=[3, 1], scored=[3, 1]) == 4 / 3 * step_flops(model, trained=[3, 1])
+    True
+    """
+    layers, width = attention_width(model.config)
+    linear = linear_parameters(model)
+    return training_flops(linear, layers, width, trained) + training_flops(linear, layers, width, scored) / 3
+
+
 def mfu(flops: float, seconds: float, peak: float | None) -> float | None:
     """Model FLOPs utilisation: `flops` done in `seconds` over the `peak` FLOP/s (None without a peak).
 

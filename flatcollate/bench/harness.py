@@ -13,7 +13,6 @@ module. What a task runs, by process::
 
 import importlib
 import json
-import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .repeats import Runner, run_repeats
+from .tasks import task_names
 from .timing import bench_threads, resolve_device
 
 WORKER_COMMAND = (sys.executable, "-m", "flatcollate.bench.worker")
@@ -101,13 +101,6 @@ class Task:
     verb: str = "trains"
 
 
-def task_names() -> list[str]:
-    """Names of the tasks, one per module of `flatcollate.bench.tasks` (nothing is imported)."""
-    from . import tasks
-
-    return sorted(info.name for info in pkgutil.iter_modules(tasks.__path__) if not info.name.startswith("_"))
-
-
 def get_task(name: str) -> Task:
     """The `Task` of `name`; `ValueError` naming the tasks there are."""
     if name not in task_names():
@@ -129,7 +122,7 @@ def run_bench(task_name: str, config=None, *, progress: bool = True, runner: Run
     process, the modes taking turns; return the summary (`summary.summarize`).
 
     Args:
-        task_name (`str`): one of `task_names()`: `"sft"`, `"vision"`, `"dpo"`, `"reward"`, `"grpo"`.
+        task_name (`str`): one of `task_names()`: `"sft"`, `"vision"`, `"dpo"`, `"kto"`, `"reward"`, `"grpo"`.
         config (*optional*): the task's config dataclass.
         progress (`bool`): a progress bar over the runs on stderr.
         runner (`Runner`, *optional*): carries out one run; default a worker process (`in_process` runs it here).

@@ -1,5 +1,6 @@
-"""What the preference tasks (`dpo`, `reward`, `grpo`) train on: the synthetic pairs of `flatcollate.synthetic.pairs`
-drawn from a benchmark config, the padding TRL's batches of them carry, and the `Task` they share (`pair_task`).
+"""What the preference tasks (`dpo`, `kto`, `reward`, `grpo`) train on: the synthetic pairs of
+`flatcollate.synthetic.pairs` drawn from a benchmark config, the padding TRL's batches of them carry, and the `Task`
+they share (`pair_task`).
 
 TRL tokenizes the prompt and each reply and appends the eos to each reply, so a pair of lengths `(p, c, r)` trains two
 sequences of `p + c + 1` and `p + r + 1` tokens, each cut to `max_length`. A batch of `N` pairs is `2N` sequences,
@@ -139,12 +140,14 @@ def pair_task(
     step: str,
     layout=padded_pair_tokens,
     padding: str = "each batch's 2N sequences padded to the longest",
+    rows: str = "the 2N sequences in one flattened row",
     verb: str = "trains",
 ) -> Task:
     """The `Task` of a preference benchmark: TRL's trainer `padded` on padded batches against flatcollate's
     `flattened` on flattened rows, on pairs drawn from the pair profile (`whole`: only pairs that fit, as
-    `draw_pairs`); `step` says what one step does, `padding` how `padded` pads (for the legend), `layout` counts its
-    batches' tokens (`pair_workload`), `verb` is the headline's (`Task.verb`)."""
+    `draw_pairs`); `step` says what one step does, `padding` how `padded` pads and `rows` what `flattened` flattens
+    (for the legend), `layout` counts its batches' tokens (`pair_workload`), `verb` is the headline's
+    (`Task.verb`)."""
     return Task(
         name=name,
         flag=f"--task {name}",
@@ -152,7 +155,7 @@ def pair_task(
         files=name,
         modes={
             "padded": f"trl.{padded}: {padding}, attention_mask, sdpa",
-            "flattened": f"flatcollate {flattened}: the 2N sequences in one flattened row, the flatcollate backend",
+            "flattened": f"flatcollate {flattened}: {rows}, the flatcollate backend",
         },
         subject=flattened,
         baseline=padded,

@@ -1,9 +1,10 @@
-"""How the preference tasks (`dpo`, `reward`) train one mode in a worker: TRL's trainer on padded batches against
-flatcollate's on flattened rows, with the same options, batches, weights and seed, each step timed by
-`timing.TrainerClock`. trl is imported here only, inside the worker that trains.
+"""How the preference tasks run by TRL's trainers (`dpo`, `kto`, `reward`) train one mode in a worker: TRL's trainer on
+padded batches against flatcollate's on flattened rows, with the same options, batches, weights and seed, each step
+timed by `timing.TrainerClock`. trl is imported here only, inside the worker that trains.
 
 A step's time runs from the end of the step before to the end of this one, so it holds what the trainer does per
-step: collating the batch, the forwards (the reference model's too, in DPO), the backward and the optimizer step.
+step: collating the batch, the forwards (the reference model's too, in DPO and KTO), the backward and the optimizer
+step.
 """
 
 import tempfile
@@ -11,11 +12,9 @@ import tempfile
 import numpy as np
 import torch
 
-from ..synthetic.pairs import PairDraw
 from .build import model_summary
 from .config import PairBenchConfig
-from .flops import attention_width, linear_parameters, training_flops
-from .pairs import timed_lengths
+from .flops import step_flops
 from .timing import TrainerClock
 
 
@@ -55,14 +54,24 @@ def recording(trainer_class):
 
 
 def train(
-    trainer_class, args_class, config: PairBenchConfig, device: torch.device, *, rows, check, timed_lengths, **kwargs
+    trainer_class,
+    args_class,
+    config: PairBenchConfig,
+    device: torch.device,
+    *,
+    rows,
+    check,
+    trained,
+    scored=(),
+    options: dict | None = None,
+    **kwargs,
 ) -> dict:
-    """Train `trainer_class` (with `args_class(**trainer_options(...))`) on the text `rows`, check its tokenized
-    dataset with `check(dataset)`, and return the figures `harness.Task.measure` returns. `kwargs` go to the trainer
-    (`model`, `ref_model`, `processing_class`).
+    """Train `trainer_class` (with `args_class(**trainer_options(...))`, `options` on top) on the text `rows`, check
+    its tokenized dataset with `check(dataset)`, and return the figures `harness.Task.measure` returns. `kwargs` go to
+    the trainer (`model`, `ref_model`, `processing_class`).
 
-    The figures' `pass_flops` counts the model's forward and backward on the timed steps' sequences (`timed_lengths`)
-    and, with a `ref_model`, the reference's forward on them (a third of that).
+    The figures' `pass_flops` are `flops.step_flops` of the timed steps: the sequence lengths `trained` with gradients
+    and `scored` without (a reference model's forward, KTO's KL pass).
     """
     import datasets
     import transformers
@@ -74,7 +83,7 @@ def train(
     with tempfile.TemporaryDirectory() as out:
         clock = TrainerClock(config.warmup_steps, device)
         trainer = recording(trainer_class)(
-            args=args_class(**trainer_options(config, out, device)),
+            args=args_class(**(trainer_options(config, out, device) | (options or {}))),
             train_dataset=datasets.Dataset.from_list(rows),
             callbacks=[clock],
             **kwargs,
@@ -82,13 +91,11 @@ def train(
         trainer.remove_callback(transformers.PrinterCallback)  # the worker's last stdout line is its figures
         check(trainer.train_dataset)
         trainer.train()
-    layers, width = attention_width(model.config)
-    flops = training_flops(linear_parameters(model), layers, width, timed_lengths)
     return {
         **clock.figures(),
         "losses": trainer.losses,
         "attn": trainer.model.base_model.config._attn_implementation,  # a reward model's backbone is prepared apart
-        "pass_flops": flops * (4 / 3 if "ref_model" in kwargs else 1),
+        "pass_flops": step_flops(model, trained=trained, scored=scored),
         "model": summary,
         "environment": {"gradient_checkpointing": bool(trainer.args.gradient_checkpointing)},
     }
@@ -100,16 +107,15 @@ def train_pairs(
     device: torch.device,
     *,
     trainers: tuple[str, str, str],
-    draw: PairDraw,
     rows: list[dict],
     keys: tuple[str, ...],
     expected: np.ndarray,
     **kwargs,
 ) -> dict:
     """Worker of a preference task: `train` `trl.<trainers[0]>` (`padded`) or flatcollate's `<trainers[1]>`
-    (`flattened`), both with `trl.<trainers[2]>` options, on the text `rows` of `draw`, after checking that TRL
-    tokenized each row's `keys` to the `expected` `(N, len(keys))` lengths. `kwargs` go to the trainer (`model`,
-    `ref_model`, `processing_class`)."""
+    (`flattened`), both with `trl.<trainers[2]>` options, on the text `rows`, after checking that TRL tokenized each
+    row's `keys` to the `expected` `(N, len(keys))` lengths. `kwargs` go to `train` (`trained`, `scored`, `options`)
+    and the trainer (`model`, `ref_model`, `processing_class`)."""
     import trl
 
     from ..integrations import trl as flat_trl
@@ -122,7 +128,6 @@ def train_pairs(
         device,
         rows=rows,
         check=lambda dataset: check_lengths(dataset, keys, expected),
-        timed_lengths=timed_lengths(config, draw),
         **kwargs,
     )
 

@@ -93,17 +93,23 @@ def toy(tmp_path, monkeypatch):
 
 
 def test_the_shipped_tasks_are_the_modules_of_the_tasks_package():
-    assert task_names() == ["dpo", "grpo", "reward", "sft", "vision"]
+    assert task_names() == ["dpo", "grpo", "kto", "reward", "sft", "vision"]
     assert [get_task(name).name for name in task_names()] == task_names()
-    # `--help` cannot import the tasks to list them: the choices are written out, and must stay these.
-    (bench,) = [a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions if a.dest == "task"]
-    assert sorted(bench.choices) == task_names()
-    with pytest.raises(ValueError, match="Unknown benchmark task 'ppo'; choose from dpo, grpo, reward, sft, vision"):
+    assert sorted(task_choices()) == task_names()
+    with pytest.raises(
+        ValueError, match="Unknown benchmark task 'ppo'; choose from dpo, grpo, kto, reward, sft, vision"
+    ):
         get_task("ppo")
 
 
+def task_choices() -> list[str]:
+    """What `flatcollate bench --task` accepts (read without importing a task)."""
+    (bench,) = [a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions if a.dest == "task"]
+    return list(bench.choices)
+
+
 def test_a_task_is_one_module_and_its_figures_are_summarized_exactly(toy, tmp_path):
-    assert "toy" in task_names()
+    assert "toy" in task_names() and "toy" in task_choices()  # the command line takes it too
     result = run_bench("toy", progress=False, runner=in_process)
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]
     assert padded["tokens_per_s"]["median"] == pytest.approx(60 / 0.6)

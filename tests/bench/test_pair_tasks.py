@@ -1,8 +1,8 @@
-"""The preference tasks (`flatcollate bench --task dpo|reward|grpo`), what they share: a smoke run of both sides in
+"""The preference tasks (`flatcollate bench --task dpo|kto|reward|grpo`), what they share: a smoke run of both sides in
 fresh processes at the smallest size reports every field, trains (or scores) the same steps with the same losses,
 counts the padding of TRL's own batches and prints the command that reproduces it; the command line refuses in one
-line, exit 2, before any work. The pairs and TRL's padding of them are tested in `test_pairs.py`, the GRPO batches
-in `test_grpo.py`. No timing is asserted."""
+line, exit 2, before any work. The pairs and TRL's padding of them are tested in `test_pairs.py`, KTO's examples in
+`test_kto.py`, the GRPO batches in `test_grpo.py`. No timing is asserted."""
 
 import contextlib
 import io
@@ -21,7 +21,7 @@ from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 
-TASKS = ("dpo", "reward", "grpo")
+TASKS = ("dpo", "kto", "reward", "grpo")
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]
 SMOKE += [arg for item in TINY for arg in ("--set", item)]
@@ -77,9 +77,11 @@ def test_smoke_run_padding_is_the_count_of_its_batches(smoke):
     task, config = get_task(name), PairBenchConfig(**result["config"])
     if name == "grpo":
         from flatcollate.bench.tasks.grpo import padded_grpo_tokens as layout
+    elif name == "kto":
+        from flatcollate.bench.tasks.kto import padded_kto_tokens as layout
     else:  # both pad each batch's 2N sequences to the longest (checked against TRL's collators in test_pairs.py)
         layout = padded_pair_tokens
-    real, slots = layout(draw_pairs(config, whole=name != "dpo"), batch_size=config.batch_size)
+    real, slots = layout(draw_pairs(config, whole=name in ("reward", "grpo")), batch_size=config.batch_size)
     real, slots = real[config.warmup_steps :].sum(), slots[config.warmup_steps :].sum()
     padded, flattened = result["modes"]["padded"], result["modes"]["flattened"]
     assert padded["real_tokens"] == flattened["real_tokens"] == real and padded["computed_tokens"] == slots
@@ -195,10 +197,11 @@ def test_a_trl_that_does_not_import_says_why(name, capsys, no_run, tmp_path, mon
 
 
 def test_smoke_run_what_each_task_adds(smoke):
+    from flatcollate.bench.flops import training_flops
+
     name, result, _, _ = smoke
     padded = result["modes"]["padded"]
     if name == "dpo":  # the policy starts as its reference; the FLOPs count the reference's forward too
-        from flatcollate.bench.flops import training_flops
         from flatcollate.bench.pairs import timed_lengths
 
         assert abs(padded["losses"][0] - np.log(2)) < 1e-5
@@ -208,6 +211,19 @@ def test_smoke_run_what_each_task_adds(smoke):
         assert len(lengths) == 2 * config.steps * config.batch_size
         layers, width = model["num_hidden_layers"], model["num_attention_heads"] * 16  # head_dim=16
         linear = (result["pass_flops"] * 3 / 4 - training_flops(0, layers, width, lengths)) / (6 * lengths.sum())
+        assert linear == pytest.approx(round(linear)) and 0 < linear < model["parameters"]
+    elif name == "kto":  # the policy starts as its reference: rewards and KL are 0, the loss 1 - sigmoid(0)
+        from flatcollate.bench.tasks.kto import unpaired_lengths
+
+        assert padded["losses"][0] == pytest.approx(0.5, abs=1e-6)
+        config, model = PairBenchConfig(**result["config"]), result["model"]
+        prompt, completion, kl = unpaired_lengths(draw_pairs(config), batch_size=config.batch_size)
+        timed = slice(2 * config.warmup_steps * config.batch_size, None)
+        trained, kl = (np.minimum(prompt + c, config.max_length)[timed] for c in (completion, kl))
+        layers, width = model["num_hidden_layers"], model["num_attention_heads"] * 16  # head_dim=16
+        # policy: forward and backward on the completions, a forward on the KL ones; reference: a forward on both
+        attention = training_flops(0, layers, width, trained) * 4 / 3 + training_flops(0, layers, width, kl) * 2 / 3
+        linear = (result["pass_flops"] - attention) / (6 * (trained.sum() * 4 / 3 + kl.sum() * 2 / 3))
         assert linear == pytest.approx(round(linear)) and 0 < linear < model["parameters"]
     elif name == "reward":  # RewardTrainer drops pairs that do not fit: only whole pairs are drawn
         assert result["data"]["truncated_sequences"] == 0

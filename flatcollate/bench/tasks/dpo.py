@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from ...synthetic.pairs import pair_texts
 from ..build import build_on_device, model_config
 from ..config import PairBenchConfig
-from ..pairs import draw_pairs, pair_task
+from ..pairs import draw_pairs, pair_task, timed_lengths
 from ..trainers import train_pairs
 
 
@@ -29,12 +29,14 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
     )
     draw, vocab_size = draw_pairs(config), model.config.vocab_size
+    lengths = timed_lengths(config, draw)
     return train_pairs(
         config,
         mode,
         device,
         trainers=("DPOTrainer", "FlatDPOTrainer", "DPOConfig"),
-        draw=draw,
+        trained=lengths,
+        scored=lengths,  # the reference's forward
         rows=pair_texts(draw, vocab_size=vocab_size, seed=config.seed),
         keys=("prompt_ids", "chosen_ids", "rejected_ids"),
         expected=np.stack([draw.prompt, draw.chosen + 1, draw.rejected + 1], axis=1),  # eos after each reply

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from ...synthetic.pairs import EOS_PER_REPLY, PairDraw
 from ..build import build_on_device, model_config, model_summary
 from ..config import PairBenchConfig
-from ..flops import attention_width, linear_parameters, training_flops
+from ..flops import step_flops
 from ..pairs import draw_pairs, pair_task, timed_lengths
 from ..timing import timed_pass
 
@@ -119,12 +119,10 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         )
     warm = config.warmup_steps
     figures = timed_pass(LogProbPasses(trainer), batches[warm:], batches[:warm], device=device)
-    layers, width = attention_width(model.config)
-    forward = training_flops(linear_parameters(model), layers, width, timed_lengths(config, draw)) / 3
     return {
         **figures,
         "attn": trainer.model.config._attn_implementation,
-        "pass_flops": forward,  # a forward is a third of a forward and backward
+        "pass_flops": step_flops(model, scored=timed_lengths(config, draw)),
         "model": summary,
         "environment": {},
     }

@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification
 from ...synthetic.pairs import reward_texts
 from ..build import build_on_device, model_config
 from ..config import PairBenchConfig
-from ..pairs import draw_pairs, pair_task
+from ..pairs import draw_pairs, pair_task, timed_lengths
 from ..trainers import train_pairs
 
 
@@ -36,7 +36,7 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         mode,
         device,
         trainers=("RewardTrainer", "FlatRewardTrainer", "RewardConfig"),
-        draw=draw,
+        trained=timed_lengths(config, draw),
         rows=reward_texts(draw, vocab_size=model.config.vocab_size, seed=config.seed),
         keys=("chosen_ids", "rejected_ids"),
         expected=np.stack(draw.sequence_lengths(), axis=1),

@@ -17,7 +17,7 @@ from ...synthetic.sequences import SyntheticSequences, synthetic_sequences
 from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batches
 from ..build import build_on_device, model_config, model_summary
 from ..config import CPU_MODEL, PEER_MODE, SFTBenchConfig
-from ..flops import attention_width, linear_parameters, training_flops
+from ..flops import step_flops
 from ..harness import Task, Workload
 from ..timing import TrainingSteps, timed_pass
 
@@ -88,11 +88,10 @@ def measure(config: SFTBenchConfig, mode: str, device: torch.device) -> dict:
         model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat)
     plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=[mode])
     figures = timed_pass(TrainingSteps(model, lr=config.lr), plan.batches[mode], plan.warm_batches[mode], device=device)
-    layers, width = attention_width(model.config)
     return {
         **figures,
         "attn": model.config._attn_implementation,
-        "pass_flops": training_flops(linear_parameters(model), layers, width, plan.pool.lengths),
+        "pass_flops": step_flops(model, trained=plan.pool.lengths),
         "model": model_summary(model),
         "environment": {},
     }
