@@ -7,12 +7,13 @@ step: collating the batch, the forwards (the reference model's too, in DPO and K
 step.
 """
 
+import copy
 import tempfile
 
 import numpy as np
 import torch
 
-from .build import model_summary
+from .build import build_on_device, model_config, model_summary
 from .config import PairBenchConfig
 from .flops import step_flops
 from .timing import TrainerClock
@@ -130,6 +131,21 @@ def train_pairs(
         check=lambda dataset: check_lengths(dataset, keys, expected),
         **kwargs,
     )
+
+
+def policy_and_reference(config: PairBenchConfig, device: torch.device) -> dict:
+    """The trainer arguments of a task with a reference model (DPO, KTO): the causal LM of `config` built from its
+    seed on `device` (`model`), a copy of it (`ref_model`) and the offline tokenizer of its vocabulary
+    (`processing_class`)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..synthetic import offline_tokenizer
+
+    model = build_on_device(
+        AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
+    )
+    tokenizer = offline_tokenizer(model.config.vocab_size)
+    return {"model": model, "ref_model": copy.deepcopy(model), "processing_class": tokenizer}
 
 
 def check_lengths(dataset, keys: tuple[str, ...], expected: np.ndarray) -> None:

@@ -7,28 +7,20 @@ constant-rate AdamW, the batches in dataset order (`flatcollate.bench.trainers`)
 from the same weights, so their losses must agree step by step.
 """
 
-import copy
-
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
 from ...synthetic.pairs import pair_texts
-from ..build import build_on_device, model_config
 from ..config import PairBenchConfig
 from ..pairs import draw_pairs, pair_task, timed_lengths
-from ..trainers import train_pairs
+from ..trainers import policy_and_reference, train_pairs
 
 
 def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: train `DPOTrainer` (`padded`) or `FlatDPOTrainer` (`flattened`); `FlatDPOTrainer` prepares its own
     copy of the model."""
-    from ...synthetic import offline_tokenizer
-
-    model = build_on_device(
-        AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
-    )
-    draw, vocab_size = draw_pairs(config), model.config.vocab_size
+    models = policy_and_reference(config, device)
+    draw = draw_pairs(config)
     lengths = timed_lengths(config, draw)
     return train_pairs(
         config,
@@ -37,12 +29,10 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         trainers=("DPOTrainer", "FlatDPOTrainer", "DPOConfig"),
         trained=lengths,
         scored=lengths,  # the reference's forward
-        rows=pair_texts(draw, vocab_size=vocab_size, seed=config.seed),
+        rows=pair_texts(draw, vocab_size=models["model"].config.vocab_size, seed=config.seed),
         keys=("prompt_ids", "chosen_ids", "rejected_ids"),
         expected=np.stack([draw.prompt, draw.chosen + 1, draw.rejected + 1], axis=1),  # eos after each reply
-        model=model,
-        ref_model=copy.deepcopy(model),
-        processing_class=offline_tokenizer(vocab_size),
+        **models,
     )
 
 

@@ -11,17 +11,13 @@ pads the completions and the KL completions into two batches; `FlatKTOTrainer` p
     flattened (1, 8)   [p p c e | p c c e]       KL (1, 8)  [p p c c e | p c e]
 """
 
-import copy
-
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
 from ...synthetic.pairs import EOS_PER_REPLY, PairDraw, pair_texts
-from ..build import build_on_device, model_config
 from ..config import PairBenchConfig
 from ..pairs import draw_pairs, pair_task
-from ..trainers import train_pairs
+from ..trainers import policy_and_reference, train_pairs
 
 
 def unpaired_lengths(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,15 +56,11 @@ def padded_kto_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, n
 def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: train `KTOTrainer` (`padded`) or `FlatKTOTrainer` (`flattened`, which prepares its own copy of the
     model), `2 * batch_size` examples per step."""
-    from ...synthetic import offline_tokenizer
-
-    model = build_on_device(
-        AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
-    )
-    draw, vocab_size = draw_pairs(config), model.config.vocab_size
+    models = policy_and_reference(config, device)
+    draw = draw_pairs(config)
     rows = [
         {"prompt": row["prompt"], "completion": row[reply], "label": reply == "chosen"}
-        for row in pair_texts(draw, vocab_size=vocab_size, seed=config.seed)
+        for row in pair_texts(draw, vocab_size=models["model"].config.vocab_size, seed=config.seed)
         for reply in ("chosen", "rejected")
     ]
     prompt, completion, kl = unpaired_lengths(draw, batch_size=config.batch_size)
@@ -85,9 +77,7 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         rows=rows,
         keys=("prompt_ids", "completion_ids", "KL_completion_ids"),
         expected=np.stack([prompt, completion, kl], axis=1),
-        model=model,
-        ref_model=copy.deepcopy(model),
-        processing_class=offline_tokenizer(vocab_size),
+        **models,
     )
 
 
