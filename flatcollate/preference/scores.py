@@ -52,10 +52,11 @@ def classifier_parts(model: torch.nn.Module) -> tuple[PreTrainedModel, PreTraine
 def prepare_reward_model(model: torch.nn.Module, *, attn_implementation: str | None = "flatcollate") -> torch.nn.Module:
     """Prepare a sequence classifier for `sequence_scores`: its backbone takes flattened rows, its own forward does not.
 
-    The backbone goes through `prepare_model_for_flattening` (packed attention, guard, per-sequence stateful layers).
-    Backbone and classifier share one config, so the classifier runs on the same backend; its own forward gets a guard
-    that refuses flattened rows (it would pool N sequences once) and lets padded batches through, which give what
-    they gave before.
+    The backbone goes through `prepare_model_for_flattening` (packed attention, guard, per-sequence stateful layers),
+    on a copy of the config it shared with the classifier: the classifier's own `config._attn_implementation` keeps
+    its old name, but its forward runs through the backbone, so on the same backend. That forward gets a guard that
+    refuses flattened rows (it would pool N sequences once) and lets padded batches through, which give what they
+    gave before.
 
     Args:
         model: a decoder `*ForSequenceClassification`, or a PEFT model wrapping one (LoRA with
