@@ -226,3 +226,15 @@ def test_an_unknown_array_field_is_refused_and_metadata_is_left_out():
     collator = VisionDataCollatorWithFlattening.from_model(tiny_vision_lm("llava"))
     batch = collator([{**example, "input_ids": [480] * 16 + [1], "id": 7, "source": "coco", "crop": [1, 2]}])
     assert "id" not in batch and "source" not in batch and "crop" not in batch
+
+
+def test_list_valued_fields_count_as_arrays_and_absent_ones_as_absent():
+    """Processors return nested lists as often as tensors: an unknown field holding one (ragged too) is refused like
+    an array; a None value, a string and a list of strings are metadata, left out (the control)."""
+    example = {"input_ids": [IMG, 1], "pixel_values": torch.zeros(1, 3, 2, 2)}
+    collator = VisionDataCollatorWithFlattening(layout=FIXED)
+    for value in ([[0.0, 1.0]], [[1, 2], [3]]):  # a nested list of numbers, a ragged one
+        with pytest.raises(ValueError, match=r"Example 0: `image_crop_boxes` is not a field the collator knows"):
+            collator([{**example, "image_crop_boxes": value}])
+    batch = collator([{**example, "image_crop_boxes": None, "source": "coco", "tags": ["a", "b", "c"]}])
+    assert {"image_crop_boxes", "source", "tags"}.isdisjoint(batch) and "pixel_values" in batch
