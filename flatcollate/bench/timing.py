@@ -1,5 +1,5 @@
 """How every benchmark times a step, warms up and holds its threads: one clock for the training loop of the SFT and
-image-text tasks, the log-prob passes of the GRPO task and the TRL trainers of the DPO and reward tasks.
+image-text tasks, the log-prob passes of the GRPO task and the TRL trainers of the DPO, KTO and reward tasks.
 
 A step's wall-clock seconds come from CUDA events on a GPU (recorded on the stream around the step, read once the end
 is reached) and from `time.perf_counter` on a CPU; its CPU seconds are this process's, all threads

@@ -36,17 +36,23 @@ def unpaired_lengths(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np
     return prompt, completion, np.concatenate([np.roll(batch, 1) for batch in batches])
 
 
+def kto_sequences(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of each example's sequence (prompt + completion) and of its KL sequence (prompt + KL completion), each
+    cut to `max_length` as `KTOTrainer`'s collator cuts them (`unpaired_lengths`)."""
+    prompt, completion, kl = unpaired_lengths(draw, batch_size=batch_size)
+    return np.minimum(prompt + completion, draw.max_length), np.minimum(prompt + kl, draw.max_length)
+
+
 def padded_kto_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Real and padded token counts of each of `KTOTrainer`'s steps on `draw`: the `(2N, longest)` batch of the
     examples' sequences (prompt + completion, cut to `max_length`) and the `(2N, longest)` batch of their KL
-    sequences, together (`unpaired_lengths`).
+    sequences, together (`kto_sequences`).
 
     >>> draw = PairDraw(np.array([2, 1]), np.array([0, 1]), np.array([1, 0]), max_length=64)  # sequences 3 4 3 2
     >>> padded_kto_tokens(draw, batch_size=2)  # KL sequences 3 3 3 3: 4 x 4 + 4 x 3 slots
     (array([24]), array([28]))
     """
-    prompt, completion, kl = unpaired_lengths(draw, batch_size=batch_size)
-    sequences, kl_sequences = (np.minimum(prompt + c, draw.max_length) for c in (completion, kl))
+    sequences, kl_sequences = kto_sequences(draw, batch_size=batch_size)
     starts = np.arange(0, sequences.size, 2 * batch_size)
     rows = np.diff(np.append(starts, sequences.size))
     longest = np.maximum.reduceat(sequences, starts) + np.maximum.reduceat(kl_sequences, starts)
@@ -63,9 +69,8 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         for row in pair_texts(draw, vocab_size=models["model"].config.vocab_size, seed=config.seed)
         for reply in ("chosen", "rejected")
     ]
-    prompt, completion, kl = unpaired_lengths(draw, batch_size=config.batch_size)
     timed = slice(2 * config.warmup_steps * config.batch_size, None)
-    sequences, kl_sequences = (np.minimum(prompt + c, config.max_length)[timed] for c in (completion, kl))
+    sequences, kl_sequences = (lengths[timed] for lengths in kto_sequences(draw, batch_size=config.batch_size))
     return train_pairs(
         config,
         mode,
@@ -76,7 +81,7 @@ def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
         options={"per_device_train_batch_size": 2 * config.batch_size},
         rows=rows,
         keys=("prompt_ids", "completion_ids", "KL_completion_ids"),
-        expected=np.stack([prompt, completion, kl], axis=1),
+        expected=np.stack(unpaired_lengths(draw, batch_size=config.batch_size), axis=1),
         **models,
     )
 
