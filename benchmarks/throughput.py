@@ -33,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse's own one-line errors (exit 2) and --help (exit 0)
         return int(exit_.code or 0)
-    set_keys, task = {item.partition("=")[0] for item in args.overrides}, get_task("sft")
+    task = get_task("sft")
     try:  # every profile's options are checked before the first one runs
         configs = {}
         for profile in args.profiles:
             args.profile = profile
             configs[profile] = config_from_args(task, args)
-            validate(task, configs[profile], args.out_dir / Path(profile).stem, set_keys=set_keys)
+            validate(task, configs[profile], args.out_dir / Path(profile).stem)
     except UsageError as error:
         print(f"{parser.prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

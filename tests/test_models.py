@@ -1,6 +1,8 @@
 """Tiny configs: shrunk (or grown) copies of real configs keep every per-layer list as long as the model is deep, so
 the models they build save and load back."""
 
+import re
+
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen3MoeConfig
 
@@ -78,3 +80,41 @@ def test_layer_index_lists_keep_the_layers_that_remain():
 def test_lists_that_are_not_per_layer_are_kept():
     config = Qwen2Config(num_hidden_layers=2, eos_token_id=[5, 6])
     assert tiny_config(config, num_hidden_layers=3).eos_token_id == [5, 6]
+
+
+def _llama(**overrides):
+    return apply_overrides(AutoConfig.for_model("llama", num_attention_heads=8, num_key_value_heads=2), **overrides)
+
+
+@pytest.mark.parametrize("build", [tiny_config, _llama], ids=["tiny_config", "apply_overrides"])
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"hidden_sise": 64}, "hidden_sise: the llama config has no attribute 'hidden_sise'; did you mean hidden_size"),
+        ({"hidden_size": 0}, "hidden_size=0: hidden_size is a positive integer"),
+        ({"num_hidden_layers": 1.5}, "num_hidden_layers=1.5: num_hidden_layers is a positive integer"),
+        ({"num_attention_heads": 3}, "num_attention_heads=3 is not a multiple of num_key_value_heads=2"),
+    ],
+)
+def test_bad_overrides_are_refused_naming_the_attribute(build, overrides, fragment):
+    args = ("llama",) if build is tiny_config else ()
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        build(*args, **overrides)
+
+
+def test_a_hidden_size_the_heads_do_not_divide_is_refused_where_it_sets_the_head_size():
+    with pytest.raises(ValueError, match=re.escape("hidden_size=66 is not a multiple of num_attention_heads=8")):
+        apply_overrides(AutoConfig.for_model("gpt2", n_head=8), hidden_size=66)  # gpt2 derives its head size
+    assert _llama(head_dim=11, hidden_size=66).hidden_size == 66  # llama's head size is its own: no constraint
+
+
+def test_overrides_of_attributes_a_config_has_are_taken():
+    config = tiny_config("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=3, num_labels=1)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.num_labels) == (
+        96,
+        6,
+        3,
+        1,
+    )
+    assert apply_overrides(AutoConfig.for_model("gpt2"), hidden_size=96).n_embd == 96  # through the attribute map
+    assert tiny_config("llama", rope_scaling=None).rope_scaling is None  # None is not a size

@@ -24,7 +24,6 @@ from ..cli import HelpFormatter, UsageError, non_negative_int, positive_float, p
 from ..profiles.names import available_pair_profiles, available_profiles
 from .config import MAX_IMAGES, MODES, PairBenchConfig, SFTBenchConfig
 from .options import check_writable
-from .overrides import check_overrides, parse_overrides
 from .tasks import task_names
 
 FIXED_FIELDS = ("model_overrides", "tiny")
@@ -120,6 +119,24 @@ def add_vision_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(option(dest), type=non_negative_int, default=None, help=f"--vision: {text}")
 
 
+def parse_overrides(items: list[str], base: dict) -> dict:
+    """`base` updated with every `KEY=VALUE` of `items` (values parsed as JSON, else kept as text).
+
+    >>> parse_overrides(["hidden_size=256", "hidden_act=gelu"], {"hidden_size": 128})
+    {'hidden_size': 256, 'hidden_act': 'gelu'}
+    """
+    overrides = dict(base)
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r} (e.g. --set hidden_size=256).")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
 def task_of(args: argparse.Namespace) -> str:
     """The task the options select: `--vision` is `--task vision`."""
     if args.vision and args.task not in ("sft", "vision"):
@@ -170,14 +187,15 @@ def command_line(task, config, out_dir: str | Path) -> str:
     return shlex.join([*argv, "--out-dir", str(out_dir)])
 
 
-def validate(task, config, out_dir: str | Path | None, *, set_keys: set[str]) -> None:
+def validate(task, config, out_dir: str | Path | None) -> None:
     """Raise `UsageError` for what would fail or mislead later, before any training: a field no benchmark takes, an
-    unknown model, a `--set` key (`set_keys`) the model's config lacks or a size that is not a positive integer, CUDA
-    that is not there, what the task itself checks (`Task.validate`: profile, backend, memory, trl...), an output
+    unknown model, a `--set` value the model's config cannot take (`flatcollate.models.check_overrides`), CUDA that is
+    not there, what the task itself checks (`Task.validate`: profile, backend, memory, trl...), an output
     folder that cannot be written."""
     import torch
 
     from ..check.options import validate_model_argument
+    from .build import model_config
     from .config import check_fields
 
     try:
@@ -186,7 +204,10 @@ def validate(task, config, out_dir: str | Path | None, *, set_keys: set[str]) ->
         raise UsageError(str(error)) from None
     if hasattr(config, "model"):
         validate_model_argument(config.model, command="bench")
-        check_overrides(config, set_keys)
+        try:
+            model_config(config)
+        except ValueError as error:
+            raise UsageError(f"--set {error}") from None
     if config.device == "cuda" and not torch.cuda.is_available():
         raise UsageError(
             f"--device cuda: CUDA is not available (torch {torch.__version__}, "
@@ -220,7 +241,7 @@ def _command(args: argparse.Namespace) -> int:
 
     task = get_task(task_of(args))
     config = config_from_args(task, args)
-    validate(task, config, args.out_dir, set_keys={item.partition("=")[0] for item in args.overrides})
+    validate(task, config, args.out_dir)
     run_and_report(task, config, args.out_dir, progress=not args.no_progress)
     return 0
 

@@ -54,25 +54,6 @@ def check_pack_len(pack_len: int | None, max_length: int) -> None:
         )
 
 
-def check_heads(model_config, overrides: dict) -> None:
-    """Raise `UsageError` for head counts the model cannot be built with: query heads a multiple of key/value heads,
-    and the hidden size a multiple of the heads where the config derives the head size from it."""
-    heads = getattr(model_config, "num_attention_heads", None)
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    given = ", ".join(f"--set {k}={v}" for k, v in overrides.items() if "head" in k or k == "hidden_size")
-    if isinstance(heads, int) and isinstance(kv_heads, int) and heads > 0 and heads % kv_heads:
-        raise UsageError(
-            f"{given or '--model'}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}; "
-            f"pick heads that divide (e.g. --set num_attention_heads={2 * kv_heads})."
-        )
-    hidden = getattr(model_config, "hidden_size", None)
-    if isinstance(heads, int) and heads > 0 and getattr(model_config, "head_dim", None) is None and hidden % heads:
-        raise UsageError(
-            f"{given or '--model'}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}; pick a "
-            "head count that divides it, or set head_dim."
-        )
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """A lower bound of what one benchmark process needs, in bytes: the model with AdamW (weights, gradients and two

@@ -18,6 +18,7 @@ _SOURCES = {
     "TINY_FAMILY_SIZES": "text",
     "TINY_SIZES": "text",
     "apply_overrides": "text",
+    "check_overrides": "text",
     "load_config": "text",
     "tiny_causal_lm": "text",
     "tiny_config": "text",

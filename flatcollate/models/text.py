@@ -1,6 +1,8 @@
 """Tiny random-weight models built from configs, for proofs, checks and CPU benchmarks (no hub download)."""
 
 import copy
+import difflib
+import json
 import os
 
 import torch
@@ -54,7 +56,7 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
 
     Args:
         model: a `model_type` registered in transformers (`"llama"`), a local folder with a `config.json`, or a config.
-        **overrides: attributes to set after shrinking, e.g. `num_hidden_layers=4`.
+        **overrides: attributes to set after shrinking, e.g. `num_hidden_layers=4` (checked by `check_overrides`).
 
     Returns:
         `PretrainedConfig` with the sizes of `TINY_SIZES` for the attributes the config defines; per-layer lists
@@ -69,6 +71,7 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         config = model.__class__.from_dict(apply_overrides(copy.deepcopy(model)).to_dict())
     else:
         config = load_config(model)
+    check_overrides(config, overrides)
     depth = _per_layer_length(config)
     for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
         if name in overrides or (_defines(config, name) and _settable(config, name)):
@@ -80,6 +83,7 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         config.pad_token_id = config.vocab_size - 1  # an id outside the shrunk vocabulary cannot index the embedding
     if getattr(config, "is_decoder", None) is False and "is_decoder" not in overrides:
         config.is_decoder = True  # encoder families (bert, roberta, ...) serve as causal LMs only as decoders
+    check_heads(config, overrides)
     return config
 
 
@@ -95,11 +99,59 @@ def apply_overrides(config: PretrainedConfig, **overrides) -> PretrainedConfig:
     >>> apply_overrides(config, num_hidden_layers=2).layer_types
     ['full_attention', 'sliding_attention']
     """
+    check_overrides(config, overrides)
     depth = _per_layer_length(config)
     for name, value in overrides.items():
         setattr(config, name, value)
     _fit_per_layer_lists(config, depth, keep=set(overrides))
+    check_heads(config, overrides)
     return config
+
+
+def check_overrides(config: PretrainedConfig, overrides: dict) -> None:
+    """Raise `ValueError`, starting with the attribute, unless every key of `overrides` names an attribute of `config`
+    (its own, its attribute map's or a property) and what is a positive integer in `config` stays one.
+
+    >>> check_overrides(load_config("llama"), {"hidden_sise": 64})
+    Traceback (most recent call last):
+    ...
+    ValueError: hidden_sise: the llama config has no attribute 'hidden_sise'; did you mean hidden_size?
+    """
+    known = set(config.to_dict()) | set(config.attribute_map)
+    for key, value in overrides.items():
+        if key not in known and not hasattr(config, key):
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ValueError(f"{key}: the {config.model_type} config has no attribute {key!r}{hint}")
+        current = getattr(config, key, None)
+        if _is_size(current) and not _is_size(value):
+            raise ValueError(f"{key}={json.dumps(value)}: {key} is a positive integer (the config has {current}).")
+
+
+def check_heads(config: PretrainedConfig, overrides: dict) -> None:
+    """Raise `ValueError` when `overrides` leave head counts a model cannot be built with: query heads a multiple of
+    the key/value heads, and `hidden_size` a multiple of the heads where the config derives the head size from it."""
+    if not any("head" in key or key == "hidden_size" for key in overrides):
+        return
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if not (_is_size(heads) and _is_size(kv_heads)):
+        return
+    if heads % kv_heads:
+        raise ValueError(
+            f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}; pick heads that "
+            f"divide (e.g. num_attention_heads={2 * kv_heads})."
+        )
+    hidden = getattr(config, "hidden_size", None)
+    if getattr(config, "head_dim", None) is None and _is_size(hidden) and hidden % heads:
+        raise ValueError(
+            f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}; pick a head count that divides "
+            "it, or set head_dim."
+        )
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def tiny_causal_lm(

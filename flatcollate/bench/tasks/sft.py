@@ -16,7 +16,7 @@ from ...profiles.load import load_profile, padded_fill
 from ...synthetic.sequences import SyntheticSequences, synthetic_sequences
 from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batches
 from ..build import build_on_device, model_config, model_summary
-from ..config import CPU_MODEL, PEER_MODE, SFTBenchConfig
+from ..config import PEER_MODE, SFTBenchConfig
 from ..flops import step_flops
 from ..harness import Task, Workload
 from ..timing import TrainingSteps, timed_pass
@@ -115,17 +115,14 @@ def data_lines(result: dict) -> list[str]:
 
 
 def validate(config: SFTBenchConfig) -> None:
-    """The profile, the attention backend, the pack length, the head counts and the memory it needs."""
-    from ..options import check_attn, check_heads, check_memory, check_pack_len, check_profile
+    """The profile, the attention backend, the pack length and the memory it needs."""
+    from ..options import check_attn, check_memory, check_pack_len, check_profile
     from ..timing import resolve_device
 
     check_profile(config.profile)
     device = resolve_device(config.device).type
     check_attn(config.attn, device)
     check_pack_len(config.pack_len, config.max_length)
-    base = CPU_MODEL if config.tiny else {}
-    given = {k: v for k, v in config.model_overrides.items() if base.get(k) != v}
-    check_heads(model_config(config), given)
     check_memory(config, device)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
+from ...models import apply_overrides
 from ...models.vision import tiny_vision_config
 from ...profiles.load import load_profile, padded_fill
 from ...synthetic.images import (
@@ -33,7 +34,6 @@ from ..build import build_on_device, model_summary
 from ..config import MAX_IMAGES, BenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
 from ..harness import Task, Workload
-from ..overrides import check_sizes
 from ..timing import TrainingSteps, timed_pass
 from .sft import PROFILE_FILL_SAMPLE
 
@@ -71,18 +71,11 @@ class VisionBenchConfig(BenchConfig):
 
 
 def vision_model_config(config: VisionBenchConfig) -> PretrainedConfig:
-    """`tiny_vision_config("qwen2_5_vl")` with the `model_overrides` sizes; mRoPE sections split half a head 2:3:3
+    """`tiny_vision_config("qwen2_5_vl")` with the `model_overrides` sizes (`ValueError` for sizes its text config
+    cannot take, `flatcollate.models.check_overrides`); mRoPE sections split half a head 2:3:3
     (as Qwen2.5-VL's 16, 24, 24), the projector's width follows the text model's."""
     model_config = tiny_vision_config("qwen2_5_vl")
-    text = model_config.text_config
-    check_sizes(text, config.model_overrides, config.model_overrides)
-    for name, value in config.model_overrides.items():
-        setattr(text, name, value)
-    if text.hidden_size % text.num_attention_heads or text.num_attention_heads % text.num_key_value_heads:
-        raise ValueError(
-            f"hidden_size {text.hidden_size} must split into num_attention_heads {text.num_attention_heads}, which "
-            f"must split into num_key_value_heads {text.num_key_value_heads}."
-        )
+    text = apply_overrides(model_config.text_config, **config.model_overrides)
     half = text.hidden_size // text.num_attention_heads // 2
     time_section = half // 4
     height = (half - time_section) // 2
