@@ -31,8 +31,9 @@ FIXED_FIELDS = ("model_overrides", "tiny")
 underscores), whose argparse destination is the field's name."""
 
 TASK_OPTIONS = ("model", "full_size", "modes", "pack_len", "attn", "max_images", "min_pixels", "max_pixels")
-"""Options only some tasks take (`harness.Task.options`), by destination; they default to None or False, so a given
-one is told apart from its default. `--vision` selects a task (`task_of`)."""
+"""Options only some tasks take, by destination: those whose field (`tiny` for `full_size`) the task's config has.
+They default to None or False, so a given one is told apart from its default. `--vision` selects a task
+(`task_of`)."""
 
 
 def option(dest: str) -> str:
@@ -148,7 +149,8 @@ def config_from_args(task, args: argparse.Namespace):
     """`task`'s config from parsed options: every option the task takes, `--set` values on top of the default sizes
     (none with `--full-size`); `UsageError` for an option it does not take."""
     given = [dest for dest in TASK_OPTIONS if getattr(args, dest, None) not in (None, False)]
-    refused = [dest for dest in given if dest not in task.options]
+    takes = {"full_size" if field.name == "tiny" else field.name for field in fields(task.config)}
+    refused = [dest for dest in given if dest not in takes]
     if refused:
         raise UsageError(f"{option(refused[0])} does not apply to {task.flag} ({task.scope}); leave it out.")
     default, values = task.config(), {}

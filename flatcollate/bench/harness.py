@@ -72,8 +72,8 @@ class Task:
         subject (`str`), baseline (`str`): the flattened and the padded side, as the headline names them.
         verb (`str`): what a step does with the tokens, for the headline (`"trains"`; `"scores"` for a pass
             without gradients).
-        options (`frozenset[str]`): the `flatcollate bench` options it takes (argparse destinations).
-        scope (`str`): what it compares, for the message refusing an option it does not take.
+        scope (`str`): what it compares, for the message refusing an option it does not take (it takes those its
+            config has a field for).
         workload (`Callable[[config], Workload]`): in the parent process.
         measure (`Callable[[config, str, torch.device], dict]`): in a worker: train one mode and return the figures
             `summary.summarize` reads (`step_s`, `cpu_s`, `losses`, `peak_memory_bytes`, `added_memory_bytes`,
@@ -91,7 +91,6 @@ class Task:
     modes: dict[str, str]
     subject: str
     baseline: str
-    options: frozenset[str]
     scope: str
     workload: Callable
     measure: Callable

@@ -159,7 +159,6 @@ def pair_task(
         },
         subject=flattened,
         baseline=padded,
-        options=frozenset({"model", "full_size"}),
         scope=f"it compares trl.{padded} on padded batches with {flattened} on flattened rows",
         workload=lambda config: pair_workload(config, whole=whole, modes=("padded", "flattened"), layout=layout),
         measure=measure,

@@ -69,7 +69,6 @@ TASK = Task(
     modes={"padded": "padded toy", "flattened": "flattened toy"},
     subject="the flat toy",
     baseline="the padded toy",
-    options=frozenset(),
     scope="a toy",
     workload=lambda config: Workload(
         ("padded", "flattened"), 60, {"padded": 100, "flattened": 60}, {"padded": 2, "flattened": 2}, {"toy": 1}

@@ -140,7 +140,6 @@ TASK = Task(
     },
     subject="flatcollate (flattened)",
     baseline="padded batches",
-    options=frozenset({"model", "full_size", "modes", "pack_len", "attn"}),
     scope="the text SFT benchmark trains a causal LM on token ids; add --vision for image-text",
     workload=workload,
     measure=measure,

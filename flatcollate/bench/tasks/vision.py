@@ -215,7 +215,6 @@ TASK = Task(
     },
     subject="flatcollate (flattened)",
     baseline="padded batches",
-    options=frozenset({"max_images", "min_pixels", "max_pixels"}),
     scope="its model is qwen2_5_vl, its modes padded and flattened; size the language model with --set",
     workload=workload,
     measure=measure,
