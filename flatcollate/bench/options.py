@@ -107,12 +107,12 @@ def check_memory(config, device: str) -> None:
     estimate, free = memory_estimate(config), available_bytes(device)
     if estimate.total <= free:
         return
+    from .report import format_parameters
+
     gib = 2**30
     what = "--full-size " + config.model if not config.tiny else f"--batch-size {config.batch_size}"
-    count = estimate.parameters
-    count_text = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:,.1f}M"
     raise UsageError(
-        f"{what} needs about {estimate.total / gib:,.1f} GiB ({count_text} parameters in "
+        f"{what} needs about {estimate.total / gib:,.1f} GiB ({format_parameters(estimate.parameters)} parameters in "
         f"{config.dtype} with AdamW: {estimate.model / gib:,.1f} GiB; activations of {config.batch_size} x "
         f"{config.max_length} tokens: {estimate.activations / gib:,.1f} GiB) but the {device.upper()} has "
         f"{free / gib:,.1f} GiB free; shrink it (--set num_hidden_layers=2, a smaller --batch-size or --max-length) "

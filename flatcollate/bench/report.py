@@ -39,22 +39,17 @@ def markdown_table(result: dict) -> str:
         ratio_text = format_spread(ratio, 2) if ratio else "-"
         cpu_text = f" {format_spread(cpu_ratio, 2) if cpu_ratio else '-'} |" if on_cpu else ""
         mfu_text = f" {row['mfu']:.1%} |" if with_mfu and row.get("mfu") is not None else " |" * with_mfu
-        tflops = row.get("model_tflops_per_s")
-        first = row.get("first_step_s")
-        first_text = "" if first is None else f"{first['median']:.2f}"
         lines.append(
             f"| {mode} | {format_spread(row['tokens_per_s'], 0)} | {ratio_text} |{cpu_text} "
-            f"{_tflops(tflops)} |{mfu_text} {format_mib(row['peak_memory_bytes'])} "
+            f"{_tflops(row['model_tflops_per_s'])} |{mfu_text} {format_mib(row['peak_memory_bytes'])} "
             f"| {format_mib(row['peak_memory_over_baseline_bytes'])} | {row['padding_fraction']:.1%} "
-            f"| {row['optimizer_steps']} | {first_text} |"
+            f"| {row['optimizer_steps']} | {row['first_step_s']['median']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _tflops(figure: dict | None) -> str:
+def _tflops(figure: dict) -> str:
     """Model TFLOP/s with enough digits for a tiny CPU model and a full-size GPU one alike."""
-    if figure is None:
-        return ""
     median = figure["median"]
     return f"{median:.3g}" if median < 100 else f"{median:,.0f}"
 
@@ -74,7 +69,7 @@ def setup_lines(result: dict) -> list[str]:
         )
     processes = "each run a fresh process" if env["process_per_run"] else "every run in one process"
     return [
-        f"model {model['model_type']} ({size} config: {format_parameters(model)} parameters, hidden "
+        f"model {model['model_type']} ({size} config: {format_parameters(model['parameters'])} parameters, hidden "
         f"{model['hidden_size']}, {model['num_hidden_layers']} layers{vision}), random weights, {config['dtype']}",
         f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
         f"max_length {config['max_length']}, {config['steps']} steps per timed pass after {config['warmup_steps']} "
@@ -188,7 +183,7 @@ def plot_throughput(result: dict, path: Path) -> None:
     config, model, env = result["config"], result["model"], result["environment"]
     device = f"CPU, {env['torch_threads']} thread(s)" if on_cpu else f"GPU {env['device']}"
     fig.suptitle(
-        f"{result['task']}: {model['model_type']} {format_parameters(model)} parameters · {device} · "
+        f"{result['task']}: {model['model_type']} {format_parameters(model['parameters'])} parameters · {device} · "
         f"{config['dtype']} · profile {config['profile']} · batch {config['batch_size']}"
     )
     fig.tight_layout()
@@ -220,9 +215,8 @@ def _color(mode: str) -> str:
     return {"flattened": "tab:green", "packed": "tab:green", PEER_MODE: "tab:purple"}.get(mode, "tab:blue")
 
 
-def format_parameters(model: dict) -> str:
-    """A model's parameter count, `"1.2M"` or `"7.62B"`."""
-    count = model["parameters"]
+def format_parameters(count: int) -> str:
+    """A parameter count, `"1.2M"` or `"7.62B"`."""
     return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
 
 

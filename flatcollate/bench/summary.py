@@ -56,7 +56,7 @@ def summarize(task, config, work, run: Repeats, *, device: torch.device, process
     }
 
 
-def _mode_row(passes: list[dict], mode: str, work, pass_flops: float | None, environment: dict) -> dict:
+def _mode_row(passes: list[dict], mode: str, work, pass_flops: float, environment: dict) -> dict:
     steps = {len(p["step_s"]) for p in passes}
     if steps != {work.steps[mode]}:  # every worker trains what the parent planned
         raise RuntimeError(f"{mode}: the workers timed {sorted(steps)} steps per pass, planned {work.steps[mode]}.")
@@ -76,15 +76,13 @@ def _mode_row(passes: list[dict], mode: str, work, pass_flops: float | None, env
         "first_step_s": spread([p["first_step_s"] for p in passes]),
         "warm_up_passes": [p["settle_passes"] for p in passes],
         "attn": passes[0]["attn"],
-        "model_tflops_per_s": None,
+        "model_tflops_per_s": spread([pass_flops / sum(p["step_s"]) / 1e12 for p in passes]),
         "mfu": None,
         "losses": passes[0]["losses"],
     }
     if environment["device_type"] == "cpu":
         row["tokens_per_cpu_s"] = spread([real / sum(p["cpu_s"]) for p in passes])
-    if pass_flops is not None:
-        row["model_tflops_per_s"] = spread([pass_flops / sum(p["step_s"]) / 1e12 for p in passes])
-        row["mfu"] = mfu(row["model_tflops_per_s"]["median"] * 1e12, 1.0, environment["peak_flops"])
+    row["mfu"] = mfu(row["model_tflops_per_s"]["median"] * 1e12, 1.0, environment["peak_flops"])
     return row
 
 
