@@ -31,21 +31,16 @@ from ...synthetic.images import (
 from ...vision import VisionDataCollatorWithFlattening
 from ..batches import Plan, pad_examples, plan_modes, real_tokens, slot_tokens
 from ..build import build_on_device, model_summary
-from ..config import MAX_IMAGES, BenchConfig
+from ..config import CPU_MODEL, MAX_IMAGES, BenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
 from ..harness import Task, Workload
 from ..timing import TrainingSteps, timed_pass
 from .sft import PROFILE_FILL_SAMPLE
 
-VISION_TEXT_MODEL = {
-    "hidden_size": 128,
-    "intermediate_size": 344,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
-"""Language-model sizes of the default run (the text benchmark's CPU model); the vision tower stays
-`tiny_vision_config`'s (1 layer, width 32)."""
+VISION_TEXT_MODEL = {key: CPU_MODEL[key] for key in ("hidden_size", "intermediate_size", "num_hidden_layers")}
+VISION_TEXT_MODEL |= {key: CPU_MODEL[key] for key in ("num_attention_heads", "num_key_value_heads")}
+"""Language-model sizes of the default run (the text benchmark's CPU model; the head size follows the width, as
+Qwen2.5-VL's does); the vision tower stays `tiny_vision_config`'s (1 layer, width 32)."""
 
 
 @dataclass(frozen=True)
