@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 
 from .repeats import Runner, run_repeats
@@ -36,7 +37,8 @@ class Workload:
         real_tokens (`int`): tokens of the sequences in one timed pass, the same in every mode (padding excluded).
         computed_tokens (`dict[str, int]`): per mode, the tokens the model computes on in that pass, padding included.
         steps (`dict[str, int]`): per mode, optimizer steps of one timed pass (each worker must time this many).
-        data (`dict`): JSON-ready description of the data, for the report (`Task.data_lines` reads it).
+        data (`dict`): JSON-ready description of the data for the report: `sequence_data`'s keys, then the task's
+            own (`Task.data_lines` reads them).
         collate_s (`dict[str, float]`): per mode, seconds the parent took to collate its batches (where it did).
     """
 
@@ -59,6 +61,26 @@ class Workload:
         return cls(tuple(batches), real.pop(), computed, steps, data, collate_s)
 
 
+def sequence_data(lengths, *, truncated: int, profile_padding: float, profile_sample: str) -> dict:
+    """What every task says about its data (`Workload.data`): the sequences of one timed pass (`lengths`, `(S,)` ints,
+    cut to `max_length`), how many `max_length` cut (`truncated`), and the padding fraction of the padded mode's
+    batches over `profile_sample` (e.g. `"20,000 pairs"`) drawn the same way from the profile, not only the few a run
+    trains.
+
+    >>> sequence_data([3, 5], truncated=1, profile_padding=0.25, profile_sample="8 sequences")["longest"]
+    5
+    """
+    lengths = np.asarray(lengths)
+    return {
+        "sequences": int(lengths.size),
+        "mean_length": float(lengths.mean()),
+        "longest": int(lengths.max()),
+        "truncated": int(truncated),
+        "profile_padding": float(profile_padding),
+        "profile_sample": profile_sample,
+    }
+
+
 @dataclass(frozen=True)
 class Task:
     """A benchmark task.
@@ -78,7 +100,8 @@ class Task:
         measure (`Callable[[config, str, torch.device], dict]`): in a worker: train one mode and return the figures
             `summary.summarize` reads (`step_s`, `cpu_s`, `losses`, `peak_memory_bytes`, `added_memory_bytes`,
             `first_step_s`, `settle_passes`, `attn`, `model`, `pass_flops`, `environment`).
-        data_lines (`Callable[[dict], list[str]]`): the report's lines about the data, from a result.
+        data_lines (`Callable[[dict], list[str]]`): the report's lines about the task's own data (after those about
+            `sequence_data`), from a result.
         validate (`Callable[[config], None]`): checks of the command line beyond the config's fields (profile,
             model, installed packages); raises `flatcollate.cli.UsageError`.
         legend (`tuple[str, ...]`): extra legend lines of its report.

@@ -16,7 +16,7 @@ import numpy as np
 from ..profiles.pair_profile import load_pair_profile
 from ..synthetic.pairs import EOS_PER_REPLY, PairDraw, sample_pairs
 from .config import PairBenchConfig
-from .harness import Task, Workload
+from .harness import Task, Workload, sequence_data
 
 PROFILE_FILL_PAIRS = 20_000
 """Pairs drawn to estimate the padding of the whole profile at a batch size."""
@@ -65,39 +65,34 @@ def pair_workload(
     """What both trainers train on in their timed steps (after `warmup_steps`): the sequences of the drawn pairs,
     padded (`padded`, as `layout(draw, batch_size=...)` counts) or not (`flattened`); `whole` as in `draw_pairs`."""
     draw = draw_pairs(config, whole=whole)
-    chosen, rejected = draw.sequence_lengths()
     real, slots = layout(draw, batch_size=config.batch_size)
     real, slots = int(real[config.warmup_steps :].sum()), int(slots[config.warmup_steps :].sum())
-    data = {
-        "pairs": int(draw.prompt.size),
-        "timed_pairs": config.steps * config.batch_size,
-        "mean_sequence_length": float(np.concatenate([chosen, rejected]).mean()),
-        "longest_sequence": int(max(chosen.max(), rejected.max())),
-        "truncated_sequences": draw.truncated,
-        "profile_padding_fraction": profile_padding(config, whole=whole, layout=layout),
-    }
+    data = sequence_data(
+        timed_lengths(config, draw),
+        truncated=timed_pairs(config, draw).truncated,
+        profile_padding=profile_padding(config, whole=whole, layout=layout),
+        profile_sample=f"{PROFILE_FILL_PAIRS:,} pairs",
+    )
     steps = {mode: config.steps for mode in modes}
     return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)
 
 
-def timed_lengths(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
-    """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps of `draw` (for their model
-    FLOPs): its pairs after the config's warm-up steps."""
+def timed_pairs(config: PairBenchConfig, draw: PairDraw) -> PairDraw:
+    """The pairs of `draw` in the timed steps: those after the config's warm-up steps."""
     first = config.warmup_steps * config.batch_size
-    return np.concatenate([lengths[first:] for lengths in draw.sequence_lengths()])
+    return PairDraw(draw.prompt[first:], draw.chosen[first:], draw.rejected[first:], max_length=draw.max_length)
 
 
-def pair_lines(result: dict, *, padded: str) -> list[str]:
-    """The report's lines about the pairs drawn and the padding of `padded`'s batches."""
-    config, data = result["config"], result["data"]
-    return [
-        f"{config['batch_size']} pairs ({2 * config['batch_size']} sequences) per step; {data['pairs']} pairs drawn "
-        f"({data['timed_pairs']} in the timed steps), mean sequence length {data['mean_sequence_length']:.0f} tokens "
-        f"(reply + eos), longest {data['longest_sequence']}, {data['truncated_sequences']} sequences truncated to "
-        "max_length",
-        f"padding of {padded}'s batches: {result['modes']['padded']['padding_fraction']:.1%} for the timed pairs, "
-        f"{data['profile_padding_fraction']:.1%} over {PROFILE_FILL_PAIRS:,} pairs of the profile",
-    ]
+def timed_lengths(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
+    """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps of `draw` (`timed_pairs`), the
+    chosen ones first."""
+    return np.concatenate(timed_pairs(config, draw).sequence_lengths())
+
+
+def pair_lines(result: dict) -> list[str]:
+    """The report's line about the pairs of a step."""
+    pairs = result["config"]["batch_size"]
+    return [f"{pairs} pairs per step, each two sequences (prompt + reply + eos)"]
 
 
 def validate_pairs(config: PairBenchConfig, *, trainer: str, whole: bool) -> None:
@@ -162,7 +157,7 @@ def pair_task(
         scope=f"it compares trl.{padded} on padded batches with {flattened} on flattened rows",
         workload=lambda config: pair_workload(config, whole=whole, modes=("padded", "flattened"), layout=layout),
         measure=measure,
-        data_lines=lambda result: pair_lines(result, padded=padded),
+        data_lines=pair_lines,
         validate=lambda config: validate_pairs(config, trainer=padded, whole=whole),
         legend=(f"- a step runs from the end of the step before to its own end: {step}",),
         verb=verb,

@@ -55,8 +55,8 @@ def _tflops(figure: dict) -> str:
 
 
 def setup_lines(result: dict) -> list[str]:
-    """What was measured where: the model and its size, the device and threads, the run's sizes, then the task's lines
-    about its data."""
+    """What was measured where: the model and its size, the device and threads, the run's sizes, then the data
+    (`data_lines`)."""
     config, env, model = result["config"], result["environment"], result["model"]
     device = "CPU" if env["device_type"] == "cpu" else "GPU"
     threads = f", {env['torch_threads']} torch thread(s) of {env['cpu_count']} cores" if device == "CPU" else ""
@@ -74,8 +74,26 @@ def setup_lines(result: dict) -> list[str]:
         f"device {device} ({env['device']}){threads}; profile {config['profile']}, batch {config['batch_size']}, "
         f"max_length {config['max_length']}, {config['steps']} steps per timed pass after {config['warmup_steps']} "
         f"warm-up, {config['repeats']} repeats ({processes}, the modes taking turns)",
-        *get_task(result["task"]).data_lines(result),
+        *data_lines(result),
     ]
+
+
+def data_lines(result: dict) -> list[str]:
+    """The sequences of a timed pass and the padding of the padded batches, for them and over the profile
+    (`harness.sequence_data`), then the task's own lines."""
+    data, modes = result["data"], result["modes"]
+    real = next(iter(modes.values()))["real_tokens"]
+    lines = [
+        f"{data['sequences']:,} sequences per timed pass ({real:,} real tokens), mean length "
+        f"{data['mean_length']:.0f}, longest {data['longest']:,}, {data['truncated']} cut to max_length"
+    ]
+    if "padded" in modes:
+        lines.append(
+            f"padding of the padded batches: {modes['padded']['padding_fraction']:.1%} for these sequences, "
+            f"{data['profile_padding']:.1%} over {data['profile_sample']} drawn the same way from the profile (a short "
+            "run draws few of its long tail)"
+        )
+    return lines + get_task(result["task"]).data_lines(result)
 
 
 def headline_lines(result: dict) -> list[str]:

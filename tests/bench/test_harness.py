@@ -22,7 +22,7 @@ TOY = '''
 
 from dataclasses import dataclass
 
-from flatcollate.bench.harness import Task, Workload
+from flatcollate.bench.harness import Task, Workload, sequence_data
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,11 @@ TASK = Task(
     baseline="the padded toy",
     scope="a toy",
     workload=lambda config: Workload(
-        ("padded", "flattened"), 60, {"padded": 100, "flattened": 60}, {"padded": 2, "flattened": 2}, {"toy": 1}
+        ("padded", "flattened"),
+        60,
+        {"padded": 100, "flattened": 60},
+        {"padded": 2, "flattened": 2},
+        {**sequence_data([30, 30], truncated=0, profile_padding=0.5, profile_sample="9 toys"), "toy": 1},
     ),
     measure=measure,
     data_lines=lambda result: [f"toy data {result['data']['toy']}"],

@@ -226,6 +226,6 @@ def test_smoke_run_what_each_task_adds(smoke):
         linear = (result["pass_flops"] - attention) / (6 * (trained.sum() * 4 / 3 + kl.sum() * 2 / 3))
         assert linear == pytest.approx(round(linear)) and 0 < linear < model["parameters"]
     elif name == "reward":  # RewardTrainer drops pairs that do not fit: only whole pairs are drawn
-        assert result["data"]["truncated_sequences"] == 0
+        assert result["data"]["truncated"] == 0
     else:  # the GRPO passes warm up as the SFT steps do (timing.timed_pass)
         assert all(n >= 1 for row in result["modes"].values() for n in row["warm_up_passes"])

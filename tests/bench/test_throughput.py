@@ -140,9 +140,9 @@ def test_result_keys_and_counts(result):
     seqs = synthetic_sequences(
         load_profile("gsm8k"), pool["sequences"], max_length=96, vocab_size=TINY["vocab_size"], seed=CONFIG.seed
     )
-    assert pool["real_tokens"] == int(seqs.lengths.sum()) and pool["truncated"] == seqs.truncated
+    assert pool["truncated"] == seqs.truncated and pool["longest"] == seqs.lengths.max()
     for mode, row in result["modes"].items():
-        assert row["real_tokens"] == pool["real_tokens"], mode
+        assert row["real_tokens"] == int(seqs.lengths.sum()), mode
         assert row["tokens_per_s"]["n"] == CONFIG.repeats
         assert row["tokens_per_cpu_s"]["n"] == CONFIG.repeats  # the tiny run is on the CPU
         assert row["seconds_per_step"]["n"] == CONFIG.repeats * row["optimizer_steps"]
@@ -150,7 +150,7 @@ def test_result_keys_and_counts(result):
         assert len(row["losses"]) == row["optimizer_steps"] and row["collate_s"] > 0
         assert row["first_step_s"]["n"] == CONFIG.repeats and row["mfu"] is None  # no known peak on a CPU
         tflops, tps = row["model_tflops_per_s"]["median"], row["tokens_per_s"]["median"]
-        assert tflops * 1e12 == pytest.approx(result["pass_flops"] * tps / pool["real_tokens"], rel=1e-6)
+        assert tflops * 1e12 == pytest.approx(result["pass_flops"] * tps / row["real_tokens"], rel=1e-6)
     modes = result["modes"]
     assert modes["padded"]["optimizer_steps"] == modes["flattened"]["optimizer_steps"] == CONFIG.steps
     assert modes["padded"]["padding_fraction"] == pytest.approx(1 - padded_fill(seqs.lengths, batch_size=3))
@@ -236,12 +236,17 @@ def test_noisy_headline_prints_a_warning_with_what_to_do(result):
     assert any("--repeats" in line and "--threads 1" in line for line in loud)
 
 
-def test_summary_explains_the_real_token_share(result):
-    fill = result["data"]["profile_padded_fill"]
-    seqs = load_profile("gsm8k").sample(PROFILE_FILL_SAMPLE, seed=CONFIG.seed)
-    assert fill["untruncated"] == pytest.approx(padded_fill(seqs[0] + seqs[1], batch_size=CONFIG.batch_size))
+def test_summary_explains_the_padding_of_the_run_and_of_the_profile(result):
+    data, padded = result["data"], result["modes"]["padded"]
+    prompt, completion = load_profile("gsm8k").sample(PROFILE_FILL_SAMPLE, seed=CONFIG.seed)
+    cut = np.minimum(prompt + completion, CONFIG.max_length)
+    assert data["profile_padding"] == pytest.approx(1 - padded_fill(cut, batch_size=CONFIG.batch_size))
+    whole = 1 - padded_fill(prompt + completion, batch_size=CONFIG.batch_size)
+    assert data["profile_padding_untruncated"] == pytest.approx(whole) != data["profile_padding"]  # some are cut
     text = summary_text(result)
-    assert f"{fill['truncated']:.1%} truncated to max_length, {fill['untruncated']:.1%} untruncated" in text
+    padding = f"{padded['padding_fraction']:.1%} for these sequences, {data['profile_padding']:.1%} over 20,000"
+    assert f"padding of the padded batches: {padding}" in text
+    assert f"without the cut to max_length: {whole:.1%}" in text
 
 
 @pytest.mark.parametrize(

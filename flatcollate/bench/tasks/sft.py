@@ -18,7 +18,7 @@ from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batc
 from ..build import build_on_device, model_config, model_summary
 from ..config import PEER_MODE, SFTBenchConfig
 from ..flops import step_flops
-from ..harness import Task, Workload
+from ..harness import Task, Workload, sequence_data
 from ..timing import TrainingSteps, timed_pass
 
 PROFILE_FILL_SAMPLE = 20_000
@@ -47,29 +47,24 @@ def pack_len(config: SFTBenchConfig, pool: SyntheticSequences) -> int:
     return config.pack_len or default_pack_len(pool, batch_size=config.batch_size, max_length=config.max_length)
 
 
-def profile_fill(config: SFTBenchConfig) -> dict[str, float]:
-    """The real-token share a padded batch of this size has over the whole profile, cut to `max_length` and not."""
+def profile_padding(config: SFTBenchConfig) -> tuple[float, float]:
+    """The padding fraction of padded batches of this size over `PROFILE_FILL_SAMPLE` sequences of the profile, cut to
+    `max_length` and not."""
     prompt, completion = load_profile(config.profile).sample(PROFILE_FILL_SAMPLE, seed=config.seed)
-    return {
-        "truncated": padded_fill(np.minimum(prompt + completion, config.max_length), batch_size=config.batch_size),
-        "untruncated": padded_fill(prompt + completion, batch_size=config.batch_size),
-    }
+    full = prompt + completion
+    cut, whole = (padded_fill(n, batch_size=config.batch_size) for n in (np.minimum(full, config.max_length), full))
+    return 1 - cut, 1 - whole
 
 
 def workload(config: SFTBenchConfig) -> Workload:
     """Every mode's batches, collated here to count their tokens and steps and time their collation."""
     plan = plan_batches(config, vocab_size=model_config(config).vocab_size, modes=config.modes)
     pool = plan.pool
-    data = {
-        "sequences": len(pool.lengths),
-        "real_tokens": int(pool.lengths.sum()),
-        "mean_length": float(pool.lengths.mean()),
-        "max_length_seen": int(pool.lengths.max()),
-        "truncated": pool.truncated,
-        "pack_len": int(pack_len(config, pool)),
-        "profile_padded_fill": profile_fill(config),
-    }
-    assert sum(real_tokens(b) for b in plan.batches[config.modes[0]]) == data["real_tokens"]
+    padding, untruncated = profile_padding(config)
+    sample = f"{PROFILE_FILL_SAMPLE:,} sequences"
+    data = sequence_data(pool.lengths, truncated=pool.truncated, profile_padding=padding, profile_sample=sample)
+    data |= {"profile_padding_untruncated": untruncated, "pack_len": int(pack_len(config, pool))}
+    assert sum(real_tokens(b) for b in plan.batches[config.modes[0]]) == int(pool.lengths.sum())
     return Workload.from_batches(plan.batches, data, plan.collate_s)
 
 
@@ -98,20 +93,9 @@ def measure(config: SFTBenchConfig, mode: str, device: torch.device) -> dict:
 
 
 def data_lines(result: dict) -> list[str]:
-    """The sequences trained on and the real-token share of padded batches, of them and of the whole profile."""
-    config, data = result["config"], result["data"]
-    lines = [
-        f"{data['sequences']} sequences, {data['real_tokens']} real tokens, mean length {data['mean_length']:.0f}, "
-        f"{data['truncated']} truncated to max_length"
-    ]
-    if "padded" in result["modes"]:
-        fill, profile = 1 - result["modes"]["padded"]["padding_fraction"], data["profile_padded_fill"]
-        lines.append(
-            f"real tokens in padded batches of {config['batch_size']}: {fill:.1%} for these {data['sequences']} "
-            f"sequences; over the whole '{config['profile']}' profile {profile['truncated']:.1%} truncated to "
-            f"max_length, {profile['untruncated']:.1%} untruncated (a short run draws few of the long tail)"
-        )
-    return lines
+    """The padding of the profile's padded batches without the cut to `max_length`."""
+    padding = result["data"]["profile_padding_untruncated"]
+    return [f"padding of the profile's padded batches without the cut to max_length: {padding:.1%}"]
 
 
 def validate(config: SFTBenchConfig) -> None:

@@ -29,11 +29,11 @@ from ...synthetic.images import (
     vision_examples,
 )
 from ...vision import VisionDataCollatorWithFlattening
-from ..batches import Plan, pad_examples, plan_modes, real_tokens, slot_tokens
+from ..batches import Plan, pad_examples, plan_modes
 from ..build import build_on_device, model_summary
 from ..config import CPU_MODEL, MAX_IMAGES, BenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
-from ..harness import Task, Workload
+from ..harness import Task, Workload, sequence_data
 from ..timing import TrainingSteps, timed_pass
 from .sft import PROFILE_FILL_SAMPLE
 
@@ -119,20 +119,15 @@ def workload(config: VisionBenchConfig) -> Workload:
     """Both modes' batches, collated here on a CPU copy of the model to count their tokens."""
     model = build_vision_model(config, device=torch.device("cpu"), dtype="float32")
     plan = plan_vision_batches(config, model, MODES)
-    pool, batches = plan.pool, plan.batches
-    real = sum(real_tokens(b) for b in batches["flattened"])
+    pool = plan.pool
     draw = {"max_length": config.max_length, "images": config.images}
     many = draw_lengths(load_profile(config.profile), PROFILE_FILL_SAMPLE, seed=config.seed, **draw)
+    padding = 1 - padded_fill(many, batch_size=config.batch_size)
+    sample = f"{PROFILE_FILL_SAMPLE:,} examples"
+    data = sequence_data(pool.lengths, truncated=pool.text.truncated, profile_padding=padding, profile_sample=sample)
     tokens = block_lengths(pool.grids) - 2
-    data = {
-        "sequences": len(pool.lengths),
-        "real_tokens": int(pool.lengths.sum()),
+    data |= {
         "image_tokens": int(pool.lengths.sum() - pool.text.lengths.sum()),
-        "mean_length": float(pool.lengths.mean()),
-        "max_length_seen": int(pool.lengths.max()),
-        "text_truncated": pool.text.truncated,
-        "padding_efficiency": real / sum(slot_tokens(b) for b in batches["padded"]),
-        "profile_padding_efficiency": padded_fill(many, batch_size=config.batch_size),
         "images": int(pool.images.sum()),
         "image_distribution": config.images.describe(),
         "image_tokens_per_image": {
@@ -141,7 +136,7 @@ def workload(config: VisionBenchConfig) -> Workload:
             "max": int(tokens.max()) if tokens.size else 0,
         },
     }
-    return Workload.from_batches(batches, data, plan.collate_s)
+    return Workload.from_batches(plan.batches, data, plan.collate_s)
 
 
 def measure(config: VisionBenchConfig, mode: str, device: torch.device) -> dict:
@@ -169,17 +164,12 @@ def pass_flops(model, pool) -> float:
 
 
 def data_lines(result: dict) -> list[str]:
-    """The images drawn, the examples and their tokens, the padding efficiency of padded batches."""
+    """The images drawn and their tokens (a sequence is an example; only its text is ever cut)."""
     data = result["data"]
     per_image = data["image_tokens_per_image"]
     return [
-        f"images: {data['image_distribution']}",
-        f"{data['sequences']} examples, {data['images']} images ({per_image['mean']:.0f} image tokens each on "
-        f"average, {per_image['min']}-{per_image['max']}), {data['real_tokens']:,} real tokens of which "
-        f"{data['image_tokens']:,} image-block tokens, mean length {data['mean_length']:.0f}, longest "
-        f"{data['max_length_seen']}, {data['text_truncated']} texts truncated to max_length",
-        f"padding efficiency of padded batches (real / padded tokens): {data['padding_efficiency']:.1%} for these "
-        f"examples, {data['profile_padding_efficiency']:.1%} over {PROFILE_FILL_SAMPLE:,} examples drawn the same way",
+        f"images: {data['image_distribution']}; {data['images']} drawn, {per_image['mean']:.0f} image tokens each on "
+        f"average ({per_image['min']}-{per_image['max']}), {data['image_tokens']:,} of the real tokens",
     ]
 
 
