@@ -203,6 +203,16 @@ def test_the_trainer_clock_times_the_steps_after_the_warm_up():
     assert clock.memory.baseline is None or clock.memory.baseline > 0  # reset at the end of the warm-up
 
 
+def test_without_warm_up_the_trainer_clock_times_every_step_from_the_start(monkeypatch):
+    resets = []
+    clock = timing.TrainerClock(0, torch.device("cpu"))
+    monkeypatch.setattr(clock.memory, "reset", lambda: resets.append(len(clock.clock.step_s)))
+    clock.on_train_begin(None, None, None)
+    for step in range(1, 4):
+        clock.on_step_end(None, SimpleNamespace(global_step=step), None)
+    assert len(clock.figures()["step_s"]) == 3 and resets == [0]  # the peak covers every step, reset once before
+
+
 @pytest.mark.parametrize(
     ("task", "argv"),
     [

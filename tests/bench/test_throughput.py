@@ -2,6 +2,7 @@
 
 import argparse
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -161,6 +162,19 @@ def test_result_keys_and_counts(result):
         assert result["ratios_vs_padded"]["padded"][key]["median"] == pytest.approx(1.0)
     ratio = result["ratios_vs_padded"]["flattened"]["tokens_per_s"]
     assert ratio["min"] <= ratio["median"] <= ratio["max"] and ratio["n"] == CONFIG.repeats
+
+
+def test_a_run_without_padded_reports_no_ratio_and_no_headline(tmp_path):
+    config = replace(CONFIG, modes=("flattened", "packed"), repeats=1)
+    result = run_throughput(config, progress=False)
+    assert result["ratios_vs_padded"] == {} and result["headline"] is None and result["loss_equivalence"] is None
+    assert list(result["modes"]) == ["flattened", "packed"]
+    text = summary_text(result)
+    assert "padding of the padded batches" not in text and "x padded" in text  # the column is there, empty
+    assert "| flattened |" in markdown_table(result) and "| - |" in markdown_table(result)
+    assert [path.name for path in write_report(result, tmp_path)] == list(report_files(result))
+    control = run_throughput(replace(config, modes=("padded", "flattened")), progress=False)
+    assert control["headline"] is not None and "padding of the padded batches" in summary_text(control)
 
 
 def test_padded_and_flattened_losses_coincide(result):
