@@ -6,7 +6,7 @@ import re
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen3MoeConfig
 
-from flatcollate.models import apply_overrides, tiny_causal_lm, tiny_config
+from flatcollate.models import apply_overrides, check_overrides, load_config, tiny_causal_lm, tiny_config
 
 REAL_CONFIGS = ["qwen2.5-7b", "llama-3.2-3b", "mistral-7b-instruct-v0.2"]
 """Folders of `../shared/data/configs` (architecture only, real sizes)."""
@@ -90,13 +90,12 @@ def _llama(**overrides):
 @pytest.mark.parametrize(
     ("overrides", "fragment"),
     [
-        ({"hidden_sise": 64}, "hidden_sise: the llama config has no attribute 'hidden_sise'; did you mean hidden_size"),
         ({"hidden_size": 0}, "hidden_size=0: hidden_size is a positive integer"),
         ({"num_hidden_layers": 1.5}, "num_hidden_layers=1.5: num_hidden_layers is a positive integer"),
         ({"num_attention_heads": 3}, "num_attention_heads=3 is not a multiple of num_key_value_heads=2"),
     ],
 )
-def test_bad_overrides_are_refused_naming_the_attribute(build, overrides, fragment):
+def test_sizes_a_model_cannot_be_built_with_are_refused_naming_the_attribute(build, overrides, fragment):
     args = ("llama",) if build is tiny_config else ()
     with pytest.raises(ValueError, match=re.escape(fragment)):
         build(*args, **overrides)
@@ -106,6 +105,17 @@ def test_a_hidden_size_the_heads_do_not_divide_is_refused_where_it_sets_the_head
     with pytest.raises(ValueError, match=re.escape("hidden_size=66 is not a multiple of num_attention_heads=8")):
         apply_overrides(AutoConfig.for_model("gpt2", n_head=8), hidden_size=66)  # gpt2 derives its head size
     assert _llama(head_dim=11, hidden_size=66).hidden_size == 66  # llama's head size is its own: no constraint
+
+
+def test_check_overrides_refuses_a_name_the_config_lacks_where_tiny_config_takes_it():
+    message = "hidden_sise: the llama config has no attribute 'hidden_sise'; did you mean hidden_size?"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_overrides(load_config("llama"), {"hidden_sise": 64})
+    with pytest.raises(ValueError, match="hidden_size=0"):
+        check_overrides(load_config("llama"), {"hidden_size": 0})
+    check_overrides(load_config("llama"), {"hidden_size": 64, "num_labels": 1})  # a property counts
+    # as transformers' own configs do, tiny_config takes an attribute the model reads where it is set
+    assert tiny_config("modernbert", is_decoder=False).is_decoder is False
 
 
 def test_overrides_of_attributes_a_config_has_are_taken():

@@ -56,7 +56,9 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
 
     Args:
         model: a `model_type` registered in transformers (`"llama"`), a local folder with a `config.json`, or a config.
-        **overrides: attributes to set after shrinking, e.g. `num_hidden_layers=4` (checked by `check_overrides`).
+        **overrides: attributes to set after shrinking, e.g. `num_hidden_layers=4`. As a config's own keyword
+            arguments, they may name attributes the config does not define (`is_decoder`, read by the model where
+            set); sizes are checked (`check_sizes`, `check_heads`), and `check_overrides` also refuses unknown names.
 
     Returns:
         `PretrainedConfig` with the sizes of `TINY_SIZES` for the attributes the config defines; per-layer lists
@@ -71,7 +73,7 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         config = model.__class__.from_dict(apply_overrides(copy.deepcopy(model)).to_dict())
     else:
         config = load_config(model)
-    check_overrides(config, overrides)
+    check_sizes(config, overrides)
     depth = _per_layer_length(config)
     for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
         if name in overrides or (_defines(config, name) and _settable(config, name)):
@@ -99,7 +101,7 @@ def apply_overrides(config: PretrainedConfig, **overrides) -> PretrainedConfig:
     >>> apply_overrides(config, num_hidden_layers=2).layer_types
     ['full_attention', 'sliding_attention']
     """
-    check_overrides(config, overrides)
+    check_sizes(config, overrides)
     depth = _per_layer_length(config)
     for name, value in overrides.items():
         setattr(config, name, value)
@@ -110,7 +112,8 @@ def apply_overrides(config: PretrainedConfig, **overrides) -> PretrainedConfig:
 
 def check_overrides(config: PretrainedConfig, overrides: dict) -> None:
     """Raise `ValueError`, starting with the attribute, unless every key of `overrides` names an attribute of `config`
-    (its own, its attribute map's or a property) and what is a positive integer in `config` stays one.
+    (its own, its attribute map's or a property), then as `check_sizes`: for overrides a person typed, where a
+    misspelt size must not pass as a new attribute.
 
     >>> check_overrides(load_config("llama"), {"hidden_sise": 64})
     Traceback (most recent call last):
@@ -118,11 +121,18 @@ def check_overrides(config: PretrainedConfig, overrides: dict) -> None:
     ValueError: hidden_sise: the llama config has no attribute 'hidden_sise'; did you mean hidden_size?
     """
     known = set(config.to_dict()) | set(config.attribute_map)
-    for key, value in overrides.items():
+    for key in overrides:
         if key not in known and not hasattr(config, key):
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ValueError(f"{key}: the {config.model_type} config has no attribute {key!r}{hint}")
+    check_sizes(config, overrides)
+
+
+def check_sizes(config: PretrainedConfig, overrides: dict) -> None:
+    """Raise `ValueError`, starting with the attribute, where `overrides` would make an attribute that is a positive
+    integer in `config` (a size) anything else."""
+    for key, value in overrides.items():
         current = getattr(config, key, None)
         if _is_size(current) and not _is_size(value):
             raise ValueError(f"{key}={json.dumps(value)}: {key} is a positive integer (the config has {current}).")

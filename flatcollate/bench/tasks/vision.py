@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
-from ...models import apply_overrides
+from ...models import apply_overrides, check_overrides
 from ...models.vision import tiny_vision_config
 from ...profiles.load import load_profile, padded_fill
 from ...synthetic.images import (
@@ -70,6 +70,7 @@ def vision_model_config(config: VisionBenchConfig) -> PretrainedConfig:
     cannot take, `flatcollate.models.check_overrides`); mRoPE sections split half a head 2:3:3
     (as Qwen2.5-VL's 16, 24, 24), the projector's width follows the text model's."""
     model_config = tiny_vision_config("qwen2_5_vl")
+    check_overrides(model_config.text_config, config.model_overrides)
     text = apply_overrides(model_config.text_config, **config.model_overrides)
     half = text.hidden_size // text.num_attention_heads // 2
     time_section = half // 4
