@@ -60,16 +60,25 @@ def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padd
 
 
 def pair_workload(
-    config: PairBenchConfig, *, whole: bool, modes: tuple[str, ...], layout=padded_pair_tokens
+    config: PairBenchConfig,
+    *,
+    whole: bool,
+    modes: tuple[str, ...],
+    layout=padded_pair_tokens,
+    sequences=None,
 ) -> Workload:
     """What both trainers train on in their timed steps (after `warmup_steps`): the sequences of the drawn pairs,
-    padded (`padded`, as `layout(draw, batch_size=...)` counts) or not (`flattened`); `whole` as in `draw_pairs`."""
+    padded (`padded`, as `layout(draw, batch_size=...)` counts) or not (`flattened`); `whole` as in `draw_pairs`;
+    `sequences(config, draw)` gives the uncut lengths of the timed steps' sequences (default `timed_sequences`)."""
     draw = draw_pairs(config, whole=whole)
     real, slots = layout(draw, batch_size=config.batch_size)
     real, slots = int(real[config.warmup_steps :].sum()), int(slots[config.warmup_steps :].sum())
+    uncut = (sequences or timed_sequences)(config, draw)
+    lengths = np.minimum(uncut, config.max_length)
+    assert int(lengths.sum()) == real, "the sequences and the layout count other tokens"
     data = sequence_data(
-        timed_lengths(config, draw),
-        truncated=timed_pairs(config, draw).truncated,
+        lengths,
+        truncated=int((uncut > config.max_length).sum()),
         profile_padding=profile_padding(config, whole=whole, layout=layout),
         profile_sample=f"{PROFILE_FILL_PAIRS:,} pairs",
     )
@@ -77,22 +86,22 @@ def pair_workload(
     return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)
 
 
-def timed_pairs(config: PairBenchConfig, draw: PairDraw) -> PairDraw:
-    """The pairs of `draw` in the timed steps: those after the config's warm-up steps."""
+def timed_sequences(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
+    """`(2 * steps * batch_size,)` int64 uncut lengths (prompt + reply + eos) of the sequences of the timed steps of
+    `draw`, the pairs after the config's warm-up steps, the chosen ones first."""
     first = config.warmup_steps * config.batch_size
-    return PairDraw(draw.prompt[first:], draw.chosen[first:], draw.rejected[first:], max_length=draw.max_length)
+    prompt = draw.prompt[first:]
+    return np.concatenate([prompt + draw.chosen[first:], prompt + draw.rejected[first:]]) + EOS_PER_REPLY
 
 
 def timed_lengths(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
-    """`(2 * steps * batch_size,)` int64 lengths of the sequences of the timed steps of `draw` (`timed_pairs`), the
-    chosen ones first."""
-    return np.concatenate(timed_pairs(config, draw).sequence_lengths())
+    """`timed_sequences` cut to `max_length`: the tokens each trains on (for their model FLOPs)."""
+    return np.minimum(timed_sequences(config, draw), config.max_length)
 
 
-def pair_lines(result: dict) -> list[str]:
-    """The report's line about the pairs of a step."""
-    pairs = result["config"]["batch_size"]
-    return [f"{pairs} pairs per step, each two sequences (prompt + reply + eos)"]
+def pair_lines(result: dict, *, pair: str) -> list[str]:
+    """The report's line about the pairs of a step; `pair` says what sequences a pair is."""
+    return [f"{result['config']['batch_size']} pairs per step, each {pair}"]
 
 
 def validate_pairs(config: PairBenchConfig, *, trainer: str, whole: bool) -> None:
@@ -134,15 +143,17 @@ def pair_task(
     whole: bool,
     step: str,
     layout=padded_pair_tokens,
+    sequences=None,
+    pair: str = "two sequences (prompt + reply + eos)",
     padding: str = "each batch's 2N sequences padded to the longest",
     rows: str = "the 2N sequences in one flattened row",
     verb: str = "trains",
 ) -> Task:
     """The `Task` of a preference benchmark: TRL's trainer `padded` on padded batches against flatcollate's
     `flattened` on flattened rows, on pairs drawn from the pair profile (`whole`: only pairs that fit, as
-    `draw_pairs`); `step` says what one step does, `padding` how `padded` pads and `rows` what `flattened` flattens
-    (for the legend), `layout` counts its batches' tokens (`pair_workload`), `verb` is the headline's
-    (`Task.verb`)."""
+    `draw_pairs`); `step` says what one step does, `pair` what sequences a pair is, `padding` how `padded` pads and
+    `rows` what `flattened` flattens (for the report), `layout` counts its batches' tokens and `sequences` gives its
+    sequences (`pair_workload`), `verb` is the headline's (`Task.verb`)."""
     return Task(
         name=name,
         flag=f"--task {name}",
@@ -155,9 +166,11 @@ def pair_task(
         subject=flattened,
         baseline=padded,
         scope=f"it compares trl.{padded} on padded batches with {flattened} on flattened rows",
-        workload=lambda config: pair_workload(config, whole=whole, modes=("padded", "flattened"), layout=layout),
+        workload=lambda config: pair_workload(
+            config, whole=whole, modes=("padded", "flattened"), layout=layout, sequences=sequences
+        ),
         measure=measure,
-        data_lines=pair_lines,
+        data_lines=lambda result: pair_lines(result, pair=pair),
         validate=lambda config: validate_pairs(config, trainer=padded, whole=whole),
         legend=(f"- a step runs from the end of the step before to its own end: {step}",),
         verb=verb,

@@ -77,3 +77,26 @@ def test_padding_is_what_trls_collator_pads():
         ]
         batch = collator(examples)
         assert batch["attention_mask"].sum() == real[index] and batch["input_ids"].numel() == slots[index]
+
+
+@pytest.mark.parametrize(("task", "per_pair"), [("dpo", 2), ("reward", 2), ("grpo", 2), ("kto", 4)])
+def test_every_pair_task_describes_the_sequences_its_timed_steps_train(task, per_pair):
+    """KTO trains each example's sequence and its KL sequence: four per pair; the others two."""
+    from flatcollate.bench.harness import get_task
+
+    config = PairBenchConfig(max_length=256, steps=3, batch_size=4)
+    work = get_task(task).workload(config)
+    data = work.data
+    assert data["sequences"] == per_pair * config.steps * config.batch_size
+    assert data["mean_length"] * data["sequences"] == pytest.approx(work.real_tokens)  # every real token, once
+    assert data["longest"] <= config.max_length and data["profile_sample"] == "20,000 pairs"
+    assert 0 < data["profile_padding"] < 1 and (data["truncated"] > 0) == (task in ("dpo", "kto"))  # 256 cuts some
+
+
+def test_a_task_whose_sequences_miss_tokens_its_layout_counts_is_caught():
+    from flatcollate.bench.pairs import pair_workload
+    from flatcollate.bench.tasks.kto import padded_kto_tokens
+
+    config = PairBenchConfig(max_length=256, steps=3, batch_size=4)
+    with pytest.raises(AssertionError, match="the sequences and the layout count other tokens"):
+        pair_workload(config, whole=False, modes=("padded", "flattened"), layout=padded_kto_tokens)  # no KL sequences

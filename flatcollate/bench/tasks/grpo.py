@@ -137,6 +137,7 @@ TASK = pair_task(
     step="one log-prob pass without gradients over a batch (GRPO's reference and old-policy pass); a pair is a "
     "prompt with its two completions; the loss is the mean negative log-probability of the completion tokens",
     layout=padded_grpo_tokens,
+    pair="a prompt with two completions (its chosen and its rejected reply, each + eos)",
     padding="prompts left-padded to the longest prompt, completions right-padded to the longest completion",
     verb="scores",
 )

@@ -43,6 +43,14 @@ def kto_sequences(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.nd
     return np.minimum(prompt + completion, draw.max_length), np.minimum(prompt + kl, draw.max_length)
 
 
+def timed_kto_sequences(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
+    """Uncut lengths of the sequences of the timed steps (`unpaired_lengths`): the examples', then their KL
+    sequences."""
+    prompt, completion, kl = unpaired_lengths(draw, batch_size=config.batch_size)
+    timed = slice(2 * config.warmup_steps * config.batch_size, None)
+    return np.concatenate([(prompt + completion)[timed], (prompt + kl)[timed]])
+
+
 def padded_kto_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Real and padded token counts of each of `KTOTrainer`'s steps on `draw`: the `(2N, longest)` batch of the
     examples' sequences (prompt + completion, cut to `max_length`) and the `(2N, longest)` batch of their KL
@@ -95,6 +103,9 @@ TASK = pair_task(
     step="collation, the policy's and the reference's forwards on the completions and on the KL completions, "
     "backward, optimizer; a pair is a desirable and an undesirable example; the policy starts as its reference copy",
     layout=padded_kto_tokens,
+    sequences=timed_kto_sequences,
+    pair="a desirable and an undesirable example, each a sequence and a KL sequence (its prompt + the completion of "
+    "the example before it)",
     padding="the 2N completions and the 2N KL completions, each batch padded to its longest",
     rows="the 2N completions in one flattened row, their KL completions in another",
 )
