@@ -22,7 +22,7 @@ from ..cli import HelpFormatter, UsageError, non_negative_int, positive_float, p
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
 # check and run a command, so `flatcollate bench --help` answers at once.
 from ..profiles.names import available_pair_profiles, available_profiles
-from .config import MAX_IMAGES, MODES, PairBenchConfig, SFTBenchConfig
+from .config import MAX_IMAGES, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, PairBenchConfig, SFTBenchConfig
 from .options import check_writable
 from .tasks import task_names
 
@@ -41,17 +41,6 @@ def option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-NUMBERS = (
-    ("batch_size", positive_int, "sequences per optimizer step"),
-    ("max_length", positive_int, "longer sequences are truncated"),
-    ("steps", positive_int, "optimizer steps per timed pass"),
-    ("warmup_steps", non_negative_int, "untimed steps before every timed pass (each also warms up until it settles)"),
-    ("repeats", positive_int, "timed passes per mode, interleaved"),
-    ("lr", positive_float, "AdamW learning rate"),
-    ("seed", int, "seed of lengths, token ids and weights"),
-)
-"""The numeric options every task takes: destination, argparse type, help; the default is `SFTBenchConfig`'s."""
-
 VISION_NUMBERS = (
     ("max_images", f"images per example, 0-N (default: {MAX_IMAGES})"),
     ("min_pixels", "the image processor's min_pixels (default: Qwen2-VL's, 56*56)"),
@@ -61,11 +50,10 @@ VISION_NUMBERS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `flatcollate bench` and `benchmarks/throughput.py`, defaults from `SFTBenchConfig`."""
+    """Options shared by `flatcollate bench` and `benchmarks/throughput.py`: one per field of `SFTBenchConfig`, its
+    help the field's (`config.option`), but `profile` (whose default depends on the task), `--set` and `--full-size`
+    (`FIXED_FIELDS`). An option every task takes defaults to `SFTBenchConfig`'s value, one of `TASK_OPTIONS` to None."""
     default = SFTBenchConfig()
-    parser.add_argument(
-        "--model", default=None, help=f"model_type or folder with a config.json (default: {default.model})"
-    )
     parser.add_argument(
         "--full-size", action="store_true", help="keep the config's own sizes (random weights; meant for a GPU)"
     )
@@ -78,34 +66,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="config attribute to override, e.g. --set hidden_size=256 (repeatable; values parsed as JSON; the key "
         "must exist in the model's config)",
     )
-    for dest, kind, text in NUMBERS:
-        parser.add_argument(option(dest), type=kind, default=getattr(default, dest), help=text)
-    parser.add_argument(
-        "--modes",
-        nargs="+",
-        choices=MODES,
-        default=None,
-        metavar="MODE",
-        help=f"what to measure, from {', '.join(MODES)}: padded_max pads to --max-length, hf_flattened is "
-        f"transformers' own padding-free path (default: {' '.join(default.modes)})",
-    )
-    parser.add_argument(
-        "--pack-len", type=positive_int, default=None, help="tokens per pack (default: about a batch's tokens)"
-    )
-    parser.add_argument(
-        "--attn",
-        default=None,
-        help=f"attention of the flattened modes (auto: flatcollate backend) (default: {default.attn})",
-    )
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=default.device, help="auto: CUDA if any")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=default.dtype, help="model dtype")
-    parser.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads (default: 1 on a CPU, where more threads on a shared machine distort timings)",
-    )
+    for field in fields(default):
+        if field.name in (*FIXED_FIELDS, "profile"):
+            continue
+        value, text = getattr(default, field.name), field.metadata["help"]
+        if field.name in TASK_OPTIONS:
+            shown = " ".join(value) if isinstance(value, tuple) else value
+            text, value = (text if shown is None else f"{text} (default: {shown})"), None
+        parser.add_argument(
+            option(field.name),
+            type=argument_type(field.name, value),
+            nargs="+" if isinstance(getattr(default, field.name), tuple) else None,
+            choices=field.metadata.get("choices"),
+            metavar=field.metadata.get("metavar"),
+            default=value,
+            help=text,
+        )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def argument_type(name: str, default):
+    """The argparse type of a config field's option: the counts' (`config.POSITIVE`, ...), else a positive float for
+    the learning rate, an int for the seed, text for the rest."""
+    if name in POSITIVE or name in OPTIONAL_POSITIVE:
+        return positive_int
+    if name in NON_NEGATIVE:
+        return non_negative_int
+    return {float: positive_float, int: int}.get(type(default))
 
 
 def add_vision_arguments(parser: argparse.ArgumentParser) -> None:

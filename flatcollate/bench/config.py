@@ -32,73 +32,71 @@ DEFAULT_MODES = tuple(mode for mode in MODES if mode != "padded_max")
 """Modes measured unless asked otherwise: padding to `max_length` costs more than all the others together."""
 
 
+def option(default, text: str, **metadata):
+    """A config field that is also the `flatcollate bench` option of its name (`batch_size` is `--batch-size`): `text`
+    documents both (`flatcollate bench --help` prints it); `metadata` may add argparse's `choices` and `metavar`."""
+    return field(default=default, metadata={"help": text, **metadata})
+
+
 @dataclass(frozen=True)
 class BenchConfig:
-    """What every benchmark task's config holds (`SFTBenchConfig`, `PairBenchConfig`, `VisionBenchConfig`).
+    """What every benchmark task's config holds (`SFTBenchConfig`, `PairBenchConfig`, `VisionBenchConfig`): each
+    field but `model_overrides` is an option, documented by its `help` (`option`); `model_overrides` holds the model
+    config attributes to set (sizes; `--set KEY=VALUE`)."""
 
-    Args:
-        profile (`str`): a named length profile or a path (see `flatcollate.profiles.load_profile`; a pair profile for
-            the preference tasks).
-        batch_size (`int`): examples per optimizer step (sequences; pairs in the preference tasks).
-        max_length (`int`): longer sequences are truncated to it (counted in the results).
-        steps (`int`): optimizer steps of one timed pass.
-        warmup_steps (`int`): untimed steps before every timed pass, on their own batches.
-        repeats (`int`): runs of each mode, each a fresh process, the modes taking turns.
-        model_overrides (`dict`): model config attributes to set (sizes).
-        lr (`float`): AdamW learning rate, constant.
-        seed (`int`): seeds the lengths, the token ids, the initial weights (and images, trainers).
-        device (`str`): `"auto"` (CUDA when available), `"cpu"` or `"cuda"`.
-        dtype (`str`): `"float32"` or `"bfloat16"`.
-        threads (`int`, *optional*): CPU threads for torch during the run (`torch.set_num_threads`, restored
-            afterwards). Default: 1 on a CPU, where more threads on a machine shared with other work spin waiting for
-            a descheduled sibling and distort the timings; unchanged on a GPU.
-    """
-
-    profile: str = "flan"
-    batch_size: int = 8
-    max_length: int = 1024
-    steps: int = 8
-    warmup_steps: int = 1
-    repeats: int = 5
+    profile: str = option("flan", "a named length profile or a path (flatcollate.profiles.load_profile)")
+    batch_size: int = option(8, "examples per optimizer step: sequences, or pairs in the preference tasks")
+    max_length: int = option(1024, "longer sequences are cut to it (the preference tasks draw no pair TRL would drop)")
+    steps: int = option(8, "optimizer steps of one timed pass")
+    warmup_steps: int = option(1, "untimed steps before every timed pass, on batches of their own")
+    repeats: int = option(5, "runs of each mode, each a fresh process, the modes taking turns")
     model_overrides: dict = field(default_factory=lambda: dict(CPU_MODEL))
-    lr: float = 1e-4
-    seed: int = 0
-    device: str = "auto"
-    dtype: str = "float32"
-    threads: int | None = None
+    lr: float = option(1e-4, "AdamW learning rate, constant")
+    seed: int = option(0, "seeds the lengths, the token ids and the initial weights (and images, trainers)")
+    device: str = option("auto", "auto: CUDA when available", choices=("auto", "cpu", "cuda"))
+    dtype: str = option("float32", "model dtype", choices=("float32", "bfloat16"))
+    threads: int | None = option(
+        None,
+        "torch CPU threads during the run, restored afterwards (default: 1 on a CPU, where more threads on a machine "
+        "shared with other work spin waiting for a descheduled sibling and distort the timings; unchanged on a GPU)",
+    )
 
 
 @dataclass(frozen=True)
-class SFTBenchConfig(BenchConfig):
-    """What the text SFT benchmark measures: `BenchConfig`'s fields and
+class ModelBenchConfig(BenchConfig):
+    """`BenchConfig` of a task whose model is a causal LM of any family (text SFT, the preference tasks)."""
 
-    Args:
-        model (`str`): a `model_type` (`"llama"`, `"qwen2"`) or a folder with a `config.json`.
-        tiny (`bool`): shrink the config with `flatcollate.models.tiny_config` and apply `model_overrides`; `False`
-            keeps the config's own sizes (with `model_overrides` applied), e.g. a 0.5B Qwen shape on a GPU.
-        modes (`tuple[str, ...]`): subset of `MODES`; by default all but `padded_max`, the slowest by far.
-        pack_len (`int`, *optional*): tokens per pack in `packed`; default `default_pack_len`.
-        attn (`str`): attention of the flattened modes; `"auto"` is the `flatcollate` packed backend.
-    """
-
-    model: str = "llama"
-    tiny: bool = True
-    modes: tuple[str, ...] = DEFAULT_MODES
-    pack_len: int | None = None
-    attn: str = "auto"
+    model: str = option("llama", "a model_type (llama, qwen2) or a folder with a config.json")
+    tiny: bool = option(
+        True,
+        "shrink the config with flatcollate.models.tiny_config and apply model_overrides; False (--full-size) keeps "
+        "the config's own sizes (with model_overrides applied), e.g. a 0.5B Qwen shape on a GPU",
+    )
 
 
 @dataclass(frozen=True)
-class PairBenchConfig(BenchConfig):
+class SFTBenchConfig(ModelBenchConfig):
+    """What the text SFT benchmark measures (`flatcollate.bench.tasks.sft`)."""
+
+    modes: tuple[str, ...] = option(
+        DEFAULT_MODES,
+        f"what to measure, from {', '.join(MODES)}: padded_max pads to max_length, hf_flattened is transformers' own "
+        "padding-free path",
+        choices=MODES,
+        metavar="MODE",
+    )
+    pack_len: int | None = option(None, "tokens per pack in packed (default: about a batch's tokens)")
+    attn: str = option("auto", "attention of the flattened modes (auto: the flatcollate backend)")
+
+
+@dataclass(frozen=True)
+class PairBenchConfig(ModelBenchConfig):
     """What the preference tasks measure (`flatcollate.bench.tasks.dpo`, `tasks.kto`, `tasks.reward`, `tasks.grpo`):
-    `BenchConfig`'s fields, `model` and `tiny` as in `SFTBenchConfig`; `batch_size` counts pairs (`2 * batch_size`
-    sequences),
-    `max_length` is `DPOConfig.max_length` (pairs whose prompt alone is that long are not drawn: TRL drops them), the
-    `profile` a pair profile (`available_pair_profiles()`) or a JSON file written by `PairProfile.save`."""
+    `batch_size` counts pairs (`2 * batch_size` sequences), `max_length` is the TRL config's (pairs whose prompt alone
+    is that long are not drawn: TRL drops them), the `profile` a pair profile (`available_pair_profiles()`) or a JSON
+    file written by `PairProfile.save`."""
 
-    profile: str = "hh_rlhf"
-    model: str = "llama"
-    tiny: bool = True
+    profile: str = option("hh_rlhf", "a named pair profile or a JSON file written by PairProfile.save")
 
 
 POSITIVE = ("batch_size", "max_length", "steps", "repeats", "min_pixels", "max_pixels")
