@@ -1,13 +1,10 @@
 """`flatcollate bench`: measure padded vs flattened training on your model and data before switching.
 
 With no arguments it runs an embedded offline default on the CPU in about 3.5 minutes (a tiny Llama-shaped model,
-the "flan" length profile, batch 8, one torch thread) and prints padding efficiency, tokens/s per mode, ratios,
-optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against padded
-batches, with their spread over repeats. `--vision` measures image-text training instead, `--task dpo` preference
-training (trl.DPOTrainer on padded batches against FlatDPOTrainer on flattened rows), `--task kto` unpaired
-preference training (trl.KTOTrainer against FlatKTOTrainer), `--task reward` reward-model training (trl.RewardTrainer
-against FlatRewardTrainer on the same pairs), `--task grpo` GRPO's log-prob pass (GRPOTrainer's against
-FlatGRPOTrainer's). Every task runs through one harness (`flatcollate.bench.harness`), each (mode, repeat) a fresh
+the "flan" length profile, batch 8, one torch thread) and prints the padding of padded batches, tokens/s per mode,
+ratios, optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against
+padded batches, with their spread over repeats. `--task` (below) measures image-text, preference, reward or GRPO
+training instead. Every task runs through one harness (`flatcollate.bench.harness`), each (mode, repeat) a fresh
 process.
 """
 
