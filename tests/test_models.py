@@ -105,6 +105,7 @@ def test_a_hidden_size_the_heads_do_not_divide_is_refused_where_it_sets_the_head
     with pytest.raises(ValueError, match=re.escape("hidden_size=66 is not a multiple of num_attention_heads=8")):
         apply_overrides(AutoConfig.for_model("gpt2", n_head=8), hidden_size=66)  # gpt2 derives its head size
     assert _llama(head_dim=11, hidden_size=66).hidden_size == 66  # llama's head size is its own: no constraint
+    assert tiny_config("mamba", hidden_size=66).hidden_size == 66  # a family without attention heads: nothing to divide
 
 
 def test_check_overrides_refuses_a_name_the_config_lacks_where_tiny_config_takes_it():
