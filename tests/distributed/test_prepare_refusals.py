@@ -1,6 +1,6 @@
 """`prepare_model_for_sequence_parallel` and `sequence_parallel_mesh` refuse what they cannot run exactly, naming the
-model, the family's reason or the argument and the fix, before anything is changed; each refusal has the accepted
-call beside it as its control."""
+model, the family's reason (an image-text model's too) or the argument and the fix, before anything is changed; each
+refusal has the accepted call beside it as its control."""
 
 import re
 
@@ -10,6 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from flatcollate import prepare_model_for_sequence_parallel
 from flatcollate.models import tiny_causal_lm
+from flatcollate.models.vision import tiny_vision_lm
 from flatcollate.parallel import sequence_parallel_mesh
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs the gloo backend")
@@ -45,6 +46,15 @@ def test_a_family_that_cannot_be_split_is_refused_unchanged(group_of_one, family
     with pytest.raises(ValueError, match=f"\\({family!r}\\) cannot train with sequence parallelism: {reason}"):
         prepare_model_for_sequence_parallel(model, group_of_one)
     assert model.config._attn_implementation == before
+
+
+def test_a_vision_language_model_is_refused_unchanged(group_of_one):
+    """Sequence parallelism slices the text row; an image's placeholder tokens would straddle the slices."""
+    model = tiny_vision_lm("qwen2_vl")
+    before = model.config.get_text_config()._attn_implementation
+    with pytest.raises(ValueError, match="cannot train with sequence parallelism: it is an image-text model"):
+        prepare_model_for_sequence_parallel(model, group_of_one)
+    assert model.config.get_text_config()._attn_implementation == before
 
 
 def test_what_is_not_a_model_or_a_group_is_refused_naming_its_type(group_of_one):
