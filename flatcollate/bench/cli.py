@@ -66,14 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for field in fields(default):
         if field.name in (*FIXED_FIELDS, "profile"):
             continue
-        value, text = getattr(default, field.name), field.metadata["help"]
-        if field.name in TASK_OPTIONS:
-            shown = " ".join(value) if isinstance(value, tuple) else value
-            text, value = (text if shown is None else f"{text} (default: {shown})"), None
+        own, text = getattr(default, field.name), field.metadata["help"]
+        value = None if field.name in TASK_OPTIONS else own
+        if field.name in TASK_OPTIONS and own is not None:
+            text += f" (default: {' '.join(own) if isinstance(own, tuple) else own})"
         parser.add_argument(
             option(field.name),
-            type=argument_type(field.name, value),
-            nargs="+" if isinstance(getattr(default, field.name), tuple) else None,
+            type=argument_type(field.name, own),
+            nargs="+" if isinstance(own, tuple) else None,
             choices=field.metadata.get("choices"),
             metavar=field.metadata.get("metavar"),
             default=value,

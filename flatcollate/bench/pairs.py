@@ -90,8 +90,7 @@ def timed_sequences(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
     """`(2 * steps * batch_size,)` int64 uncut lengths (prompt + reply + eos) of the sequences of the timed steps of
     `draw`, the pairs after the config's warm-up steps, the chosen ones first."""
     first = config.warmup_steps * config.batch_size
-    prompt = draw.prompt[first:]
-    return np.concatenate([prompt + draw.chosen[first:], prompt + draw.rejected[first:]]) + EOS_PER_REPLY
+    return np.concatenate([lengths[first:] for lengths in draw.uncut_lengths()])
 
 
 def timed_lengths(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:

@@ -62,6 +62,7 @@ def _mode_row(passes: list[dict], mode: str, work, pass_flops: float, environmen
         raise RuntimeError(f"{mode}: the workers timed {sorted(steps)} steps per pass, planned {work.steps[mode]}.")
     real, computed = work.real_tokens, work.computed_tokens[mode]
     peak, added = [p["peak_memory_bytes"] for p in passes], [p["added_memory_bytes"] for p in passes]
+    tflops = spread([pass_flops / sum(p["step_s"]) / 1e12 for p in passes])
     row = {
         "tokens_per_s": spread([real / sum(p["step_s"]) for p in passes]),
         "tokens_per_cpu_s": None,
@@ -76,13 +77,12 @@ def _mode_row(passes: list[dict], mode: str, work, pass_flops: float, environmen
         "first_step_s": spread([p["first_step_s"] for p in passes]),
         "warm_up_passes": [p["settle_passes"] for p in passes],
         "attn": passes[0]["attn"],
-        "model_tflops_per_s": spread([pass_flops / sum(p["step_s"]) / 1e12 for p in passes]),
-        "mfu": None,
+        "model_tflops_per_s": tflops,
+        "mfu": mfu(tflops["median"] * 1e12, 1.0, environment["peak_flops"]),
         "losses": passes[0]["losses"],
     }
     if environment["device_type"] == "cpu":
         row["tokens_per_cpu_s"] = spread([real / sum(p["cpu_s"]) for p in passes])
-    row["mfu"] = mfu(row["model_tflops_per_s"]["median"] * 1e12, 1.0, environment["peak_flops"])
     return row
 
 

@@ -31,17 +31,19 @@ class PairDraw:
     rejected: np.ndarray
     max_length: int
 
-    def sequence_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens trained of each `prompt + chosen + eos` and `prompt + rejected + eos`, cut to `max_length`; two
+    def uncut_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of each `prompt + chosen + eos` and `prompt + rejected + eos` before the cut to `max_length`; two
         `(N,)` int64 arrays."""
-        chosen, rejected = (self.prompt + reply + EOS_PER_REPLY for reply in (self.chosen, self.rejected))
-        return np.minimum(chosen, self.max_length), np.minimum(rejected, self.max_length)
+        return self.prompt + self.chosen + EOS_PER_REPLY, self.prompt + self.rejected + EOS_PER_REPLY
+
+    def sequence_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens trained of each sequence (`uncut_lengths`), cut to `max_length`; two `(N,)` int64 arrays."""
+        return tuple(np.minimum(lengths, self.max_length) for lengths in self.uncut_lengths())
 
     @property
     def truncated(self) -> int:
         """Sequences longer than `max_length`, which lost their tail."""
-        full = np.concatenate([self.prompt + self.chosen, self.prompt + self.rejected]) + EOS_PER_REPLY
-        return int((full > self.max_length).sum())
+        return int((np.concatenate(self.uncut_lengths()) > self.max_length).sum())
 
 
 def sample_pairs(profile: str | PairProfile, n: int, *, max_length: int, seed: int, whole: bool = False) -> PairDraw:

@@ -36,19 +36,23 @@ def unpaired_lengths(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np
     return prompt, completion, np.concatenate([np.roll(batch, 1) for batch in batches])
 
 
-def kto_sequences(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens of each example's sequence (prompt + completion) and of its KL sequence (prompt + KL completion), each
-    cut to `max_length` as `KTOTrainer`'s collator cuts them (`unpaired_lengths`)."""
+def unpaired_sequences(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of each example's sequence (prompt + completion) and of its KL sequence (prompt + KL completion), before
+    the cut to `max_length` (`unpaired_lengths`)."""
     prompt, completion, kl = unpaired_lengths(draw, batch_size=batch_size)
-    return np.minimum(prompt + completion, draw.max_length), np.minimum(prompt + kl, draw.max_length)
+    return prompt + completion, prompt + kl
+
+
+def kto_sequences(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`unpaired_sequences` cut to `max_length`, as `KTOTrainer`'s collator cuts them."""
+    return tuple(np.minimum(lengths, draw.max_length) for lengths in unpaired_sequences(draw, batch_size=batch_size))
 
 
 def timed_kto_sequences(config: PairBenchConfig, draw: PairDraw) -> np.ndarray:
-    """Uncut lengths of the sequences of the timed steps (`unpaired_lengths`): the examples', then their KL
+    """Uncut lengths of the sequences of the timed steps (`unpaired_sequences`): the examples', then their KL
     sequences."""
-    prompt, completion, kl = unpaired_lengths(draw, batch_size=config.batch_size)
     timed = slice(2 * config.warmup_steps * config.batch_size, None)
-    return np.concatenate([(prompt + completion)[timed], (prompt + kl)[timed]])
+    return np.concatenate([lengths[timed] for lengths in unpaired_sequences(draw, batch_size=config.batch_size)])
 
 
 def padded_kto_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
