@@ -15,6 +15,8 @@ and the ratio within each repeat, whose min-max is the spread quoted with it.
 """
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -158,18 +160,34 @@ def run_repeats(
 
 def run_worker(command: Sequence[str], payload: dict) -> dict:
     """Run `command --worker <payload as JSON>` in a fresh process; return the figures its last output line holds.
+    The worker runs with Python's `faulthandler` on, so a crash in native code (a segmentation fault, which prints
+    nothing by itself) leaves the worker's Python stack on its stderr.
 
     Raises:
-        `RuntimeError` naming the payload, the exit status and the end of the worker's stderr, if it fails.
+        `RuntimeError` naming the payload, the exit status (the signal, where one killed the worker) and the end of
+        the worker's stderr, if it fails.
     """
     text = json.dumps(payload)
-    done = subprocess.run([*command, WORKER_FLAG, text], capture_output=True, text=True)
+    environment = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    done = subprocess.run([*command, WORKER_FLAG, text], capture_output=True, text=True, env=environment)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"The worker for {text} exited with status {done.returncode}; its stderr ends:\n{done.stderr[-3000:]}"
-        )
+        status = f"exited with status {done.returncode}"
+        if done.returncode < 0:
+            status = f"was killed by {signal.Signals(-done.returncode).name} (status {done.returncode})"
+        raise RuntimeError(f"The worker for {text} {status}; its stderr ends:\n{stderr_tail(done.stderr)}")
     return json.loads(lines[-1])
+
+
+def stderr_tail(stderr: str) -> str:
+    """What a failed worker's message shows of its stderr: from the crash report of `faulthandler` on (its innermost
+    frame first, the list of extension modules last), or else the last 3,000 characters (a traceback ends there).
+
+    >>> stderr_tail("warning\\nFatal Python error: Segmentation fault\\n  File ...")
+    'Fatal Python error: Segmentation fault\\n  File ...'
+    """
+    start = stderr.rfind("Fatal Python error")
+    return stderr[start : start + 12_000] if start >= 0 else stderr[-3000:]
 
 
 def serve_worker(argv: Sequence[str], measure: Callable[[dict, str], dict]) -> bool:

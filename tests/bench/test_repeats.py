@@ -1,6 +1,7 @@
 """Fresh-process repeats: the run order, the statistics, and workers that are really fresh processes."""
 
 import json
+import re
 import sys
 import textwrap
 
@@ -116,12 +117,22 @@ import json, os, sys
 from pathlib import Path
 from flatcollate.bench.repeats import serve_worker
 
+def crash_inside(depth):
+    import ctypes
+
+    if depth:
+        crash_inside(depth - 1)
+    ctypes.string_at(0)  # reads address 0: SIGSEGV, no Python exception, no output of its own
+
 def measure(case, variant):
     print("noise from the code under test")
     with open(case["log"], "a") as log:
         log.write(json.dumps([variant, os.getpid()]) + "\\n")
     if variant == "broken":
         sys.exit("the worker failed on purpose")
+    if variant == "crashing":
+        print("warnings before the crash " * 200, file=sys.stderr)
+        crash_inside(depth=80)
     return {"value": case["base"] * len(variant), "pid": os.getpid()}
 
 assert serve_worker(sys.argv[1:], measure)
@@ -149,6 +160,19 @@ def test_a_failing_worker_names_the_run_and_shows_its_stderr(worker_script, tmp_
     payload = {"case": {"base": 1, "log": str(tmp_path / "log.jsonl")}, "variant": "broken"}
     with pytest.raises(RuntimeError, match=r"(?s)exited with status 1.*the worker failed on purpose"):
         run_worker(worker_script, payload)
+
+
+def test_a_worker_killed_by_a_signal_names_it_and_shows_where_it_was(worker_script, tmp_path):
+    """A segmentation fault prints nothing by itself: the worker's Python stack (faulthandler) says where, innermost
+    frame first, even when the stack and the output before it are longer than the end of stderr shown otherwise."""
+    payload = {"case": {"base": 1, "log": str(tmp_path / "log.jsonl")}, "variant": "crashing"}
+    with pytest.raises(RuntimeError) as raised:
+        run_worker(worker_script, payload)
+    message = str(raised.value)
+    assert "killed by SIGSEGV (status -11)" in message
+    assert "Fatal Python error: Segmentation fault" in message
+    assert re.search(r"line \d+ in string_at\n.*worker\.py\", line \d+ in crash_inside", message), message
+    assert re.search(r"worker\.py\", line \d+ in measure", message), message
 
 
 def test_serve_worker_answers_only_the_worker_flag(capsys):
