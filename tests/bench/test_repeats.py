@@ -131,6 +131,9 @@ def measure(case, variant):
     if variant == "broken":
         sys.exit("the worker failed on purpose")
     if variant == "crashing":
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file where the test runs
         print("warnings before the crash " * 200, file=sys.stderr)
         crash_inside(depth=80)
     return {"value": case["base"] * len(variant), "pid": os.getpid()}
