@@ -13,6 +13,7 @@ chosen first; `DPOTrainer` pads them all to the longest, `FlatDPOTrainer` puts t
 
 import numpy as np
 
+from ..profiles.load import padded_batches
 from ..profiles.pair_profile import load_pair_profile
 from ..synthetic.pairs import EOS_PER_REPLY, PairDraw, sample_pairs
 from .config import PairBenchConfig
@@ -45,11 +46,13 @@ def padded_pair_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, 
     >>> padded_pair_tokens(draw, batch_size=2)
     (array([17]), array([24]))
     """
-    chosen, rejected = (np.asarray(lengths, dtype=np.int64) for lengths in draw.sequence_lengths())
-    starts = np.arange(0, chosen.size, batch_size)
-    pairs = np.diff(np.append(starts, chosen.size))
-    longest = np.maximum(np.maximum.reduceat(chosen, starts), np.maximum.reduceat(rejected, starts))
-    return np.add.reduceat(chosen + rejected, starts), 2 * pairs * longest
+    return padded_batches(interleave(*draw.sequence_lengths()), batch_size=2 * batch_size)
+
+
+def interleave(chosen: np.ndarray, rejected: np.ndarray) -> np.ndarray:
+    """`(2N,)`: each pair's chosen, then its rejected, so that `2 * batch_size` consecutive rows are a batch's pairs
+    (the order within a batch changes neither its real tokens nor its longest row)."""
+    return np.stack([chosen, rejected], axis=1).reshape(-1)
 
 
 def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padded_pair_tokens) -> float:

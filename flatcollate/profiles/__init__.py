@@ -16,6 +16,7 @@ _SOURCES = {
     "available_profiles": "names",
     "load_pair_profile": "pair_profile",
     "load_profile": "load",
+    "padded_batches": "load",
     "padded_fill": "load",
 }
 """Public name -> the module that defines it."""
@@ -27,6 +28,7 @@ __all__ = [
     "available_profiles",
     "load_pair_profile",
     "load_profile",
+    "padded_batches",
     "padded_fill",
 ]
 

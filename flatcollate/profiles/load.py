@@ -22,28 +22,39 @@ from .length_profile import LengthProfile
 from .names import PROFILES_DIR, available_profiles
 
 
-def padded_fill(lengths, *, batch_size: int) -> float:
-    """Share of real tokens when consecutive rows are batched `batch_size` at a time and padded to the batch max.
-
-    Computed over the whole run (real tokens / padded tokens), the quantity that sets the cost of padding; a last
-    partial batch counts with its own size.
+def padded_batches(lengths, *, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Real and computed tokens of each batch when consecutive rows are batched `batch_size` at a time and padded to
+    the longest row of their batch; a last partial batch keeps its own size.
 
     Args:
-        lengths (array-like of shape `(N,)`, positive ints): total length of each row, in batch order.
+        lengths (array-like of shape `(N,)`, positive ints): the length of each row, in batch order.
         batch_size (`int`): rows per batch.
 
-    >>> padded_fill([4, 2, 1, 1], batch_size=2)
-    0.8
+    Returns:
+        `(real, padded)`, each `np.ndarray` of shape `(ceil(N / batch_size),)`, int64.
+
+    >>> padded_batches([4, 2, 1, 1], batch_size=2)  # [a a a a] [b b . .] | [c] [d]
+    (array([6, 2]), array([8, 2]))
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if batch_size < 1 or lengths.size == 0:
         raise ValueError(
-            f"padded_fill needs batch_size >= 1 and at least one row, got {batch_size} and {lengths.size}."
+            f"Padded batches need batch_size >= 1 and at least one row, got {batch_size} and {lengths.size}."
         )
     starts = np.arange(0, lengths.size, batch_size)
-    batch_max = np.maximum.reduceat(lengths, starts)
-    batch_rows = np.diff(np.append(starts, lengths.size))
-    return float(lengths.sum() / (batch_max * batch_rows).sum())
+    rows = np.diff(np.append(starts, lengths.size))
+    return np.add.reduceat(lengths, starts), rows * np.maximum.reduceat(lengths, starts)
+
+
+def padded_fill(lengths, *, batch_size: int) -> float:
+    """Share of real tokens over the whole run in `padded_batches` (real tokens / padded tokens), the quantity that
+    sets the cost of padding.
+
+    >>> padded_fill([4, 2, 1, 1], batch_size=2)
+    0.8
+    """
+    real, padded = padded_batches(lengths, batch_size=batch_size)
+    return float(real.sum() / padded.sum())
 
 
 def load_profile(name_or_path: str | os.PathLike | LengthProfile) -> LengthProfile:

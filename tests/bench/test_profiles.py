@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from flatcollate.profiles import LengthProfile, available_pair_profiles, available_profiles, load_profile, padded_fill
+from flatcollate.profiles import (
+    LengthProfile,
+    available_pair_profiles,
+    available_profiles,
+    load_profile,
+    padded_batches,
+    padded_fill,
+)
 from flatcollate.profiles.make import SOURCES, make_pair_profiles, make_profiles
 from flatcollate.profiles.pair_profile import load_pair_profile, split_pair
 
@@ -37,17 +44,21 @@ def test_committed_profiles_are_what_the_script_writes(shared_data, tmp_path):
         assert json.loads(path.read_text()) == load_profile(path.stem).to_dict()
 
 
-def test_padded_fill_against_a_per_batch_loop():
+def test_padded_batches_and_padded_fill_against_a_per_batch_loop():
     rng = np.random.default_rng(0)
     for size in (1, 7, 8, 9, 100):
         lengths = rng.integers(1, 50, size=size)
-        real = padded = 0
+        real, padded = [], []
         for start in range(0, size, 8):
             batch = lengths[start : start + 8]
-            real += batch.sum()
-            padded += len(batch) * batch.max()
-        assert padded_fill(lengths, batch_size=8) == pytest.approx(real / padded)
+            real.append(batch.sum())
+            padded.append(len(batch) * batch.max())
+        got_real, got_padded = padded_batches(lengths, batch_size=8)
+        assert got_real.tolist() == real and got_padded.tolist() == padded
+        assert padded_fill(lengths, batch_size=8) == pytest.approx(sum(real) / sum(padded))
     assert padded_fill([5] * 8, batch_size=8) == 1.0
+    with pytest.raises(ValueError, match="batch_size >= 1 and at least one row"):
+        padded_batches([], batch_size=8)
 
 
 def test_sample_is_seeded_and_inside_the_histogram():

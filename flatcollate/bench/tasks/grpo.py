@@ -20,11 +20,12 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
+from ...profiles.load import padded_batches
 from ...synthetic.pairs import EOS_PER_REPLY, PairDraw
 from ..build import build_on_device, model_config, model_summary
 from ..config import PairBenchConfig
 from ..flops import step_flops
-from ..pairs import draw_pairs, pair_task, timed_lengths
+from ..pairs import draw_pairs, interleave, pair_task, timed_lengths
 from ..timing import timed_pass
 
 GENERATIONS = 2
@@ -40,12 +41,10 @@ def padded_grpo_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, 
     >>> padded_grpo_tokens(draw, batch_size=2)
     (array([17]), array([24]))
     """
-    starts = np.arange(0, draw.prompt.size, batch_size)
-    prompts = np.diff(np.append(starts, draw.prompt.size))
-    longest = np.maximum(draw.chosen, draw.rejected) + EOS_PER_REPLY
-    width = np.maximum.reduceat(draw.prompt, starts) + np.maximum.reduceat(longest, starts)
-    real = np.add.reduceat(2 * draw.prompt + draw.chosen + draw.rejected + 2 * EOS_PER_REPLY, starts)
-    return real, GENERATIONS * prompts * width
+    prompts = padded_batches(np.repeat(draw.prompt, GENERATIONS), batch_size=GENERATIONS * batch_size)
+    replies = interleave(draw.chosen, draw.rejected) + EOS_PER_REPLY
+    completions = padded_batches(replies, batch_size=GENERATIONS * batch_size)
+    return prompts[0] + completions[0], prompts[1] + completions[1]
 
 
 def grpo_batches(draw: PairDraw, *, batch_size: int, vocab_size: int, seed: int) -> list[dict]:
@@ -60,7 +59,7 @@ def grpo_batches(draw: PairDraw, *, batch_size: int, vocab_size: int, seed: int)
         part = slice(start, start + batch_size)
         prompts = [torch.randint(1, vocab_size, (int(n),), generator=generator) for n in draw.prompt[part]]
         prompts = [ids for ids in prompts for _ in range(GENERATIONS)]
-        replies = np.stack([draw.chosen[part], draw.rejected[part]], axis=1).reshape(-1) + EOS_PER_REPLY
+        replies = interleave(draw.chosen[part], draw.rejected[part]) + EOS_PER_REPLY
         completions = [torch.randint(1, vocab_size, (int(n),), generator=generator) for n in replies]
         sides = ((prompts, "left"), (completions, "right"))
         ids = torch.cat([pad(rows, padding_value=0, padding_side=side) for rows, side in sides], dim=1)

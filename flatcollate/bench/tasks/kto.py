@@ -14,9 +14,10 @@ pads the completions and the KL completions into two batches; `FlatKTOTrainer` p
 import numpy as np
 import torch
 
+from ...profiles.load import padded_batches
 from ...synthetic.pairs import EOS_PER_REPLY, PairDraw, pair_texts
 from ..config import PairBenchConfig
-from ..pairs import draw_pairs, pair_task
+from ..pairs import draw_pairs, interleave, pair_task
 from ..trainers import policy_and_reference, train_pairs
 
 
@@ -31,7 +32,7 @@ def unpaired_lengths(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, np
     [[2, 2, 1, 1], [2, 1, 1, 2], [1, 2, 2, 1]]
     """
     prompt = np.repeat(draw.prompt, 2)
-    completion = np.stack([draw.chosen, draw.rejected], axis=1).reshape(-1) + EOS_PER_REPLY
+    completion = interleave(draw.chosen, draw.rejected) + EOS_PER_REPLY
     batches = np.split(completion, np.arange(2 * batch_size, completion.size, 2 * batch_size))
     return prompt, completion, np.concatenate([np.roll(batch, 1) for batch in batches])
 
@@ -64,11 +65,8 @@ def padded_kto_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, n
     >>> padded_kto_tokens(draw, batch_size=2)  # KL sequences 3 3 3 3: 4 x 4 + 4 x 3 slots
     (array([24]), array([28]))
     """
-    sequences, kl_sequences = kto_sequences(draw, batch_size=batch_size)
-    starts = np.arange(0, sequences.size, 2 * batch_size)
-    rows = np.diff(np.append(starts, sequences.size))
-    longest = np.maximum.reduceat(sequences, starts) + np.maximum.reduceat(kl_sequences, starts)
-    return np.add.reduceat(sequences + kl_sequences, starts), rows * longest
+    sequences, kl = (padded_batches(n, batch_size=2 * batch_size) for n in kto_sequences(draw, batch_size=batch_size))
+    return sequences[0] + kl[0], sequences[1] + kl[1]
 
 
 def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
