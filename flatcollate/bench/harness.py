@@ -61,6 +61,11 @@ class Workload:
         return cls(tuple(batches), real.pop(), computed, steps, data, collate_s)
 
 
+PROFILE_DRAWS = 20_000
+"""Sequences, examples or pairs every task draws from its profile to estimate the padding of its padded batches over
+the profile (`sequence_data`): the few a run trains draw little of the long tail."""
+
+
 def sequence_data(lengths, *, truncated: int, profile_padding: float, profile_sample: str) -> dict:
     """What every task says about its data (`Workload.data`): the sequences of one timed pass (`lengths`, `(S,)` ints,
     cut to `max_length`), how many `max_length` cut (`truncated`), and the padding fraction of the padded mode's

@@ -17,10 +17,7 @@ from ..profiles.load import padded_batches
 from ..profiles.pair_profile import load_pair_profile
 from ..synthetic.pairs import EOS_PER_REPLY, PairDraw, sample_pairs
 from .config import PairBenchConfig
-from .harness import Task, Workload, sequence_data
-
-PROFILE_FILL_PAIRS = 20_000
-"""Pairs drawn to estimate the padding of the whole profile at a batch size."""
+from .harness import PROFILE_DRAWS, Task, Workload, sequence_data
 
 
 def draw_pairs(
@@ -56,9 +53,9 @@ def interleave(chosen: np.ndarray, rejected: np.ndarray) -> np.ndarray:
 
 
 def profile_padding(config: PairBenchConfig, *, whole: bool = False, layout=padded_pair_tokens) -> float:
-    """Padding fraction of the padded trainer's batches over `PROFILE_FILL_PAIRS` pairs of the profile, not only the
+    """Padding fraction of the padded trainer's batches over `PROFILE_DRAWS` pairs of the profile, not only the
     pairs one run draws; `whole` as in `draw_pairs`, `layout(draw, batch_size=...)` counts a batch's tokens."""
-    real, slots = layout(draw_pairs(config, PROFILE_FILL_PAIRS, whole=whole), batch_size=config.batch_size)
+    real, slots = layout(draw_pairs(config, PROFILE_DRAWS, whole=whole), batch_size=config.batch_size)
     return float(1 - real.sum() / slots.sum())
 
 
@@ -83,7 +80,7 @@ def pair_workload(
         lengths,
         truncated=int((uncut > config.max_length).sum()),
         profile_padding=profile_padding(config, whole=whole, layout=layout),
-        profile_sample=f"{PROFILE_FILL_PAIRS:,} pairs",
+        profile_sample=f"{PROFILE_DRAWS:,} pairs",
     )
     steps = {mode: config.steps for mode in modes}
     return Workload(modes, real, {"padded": slots, "flattened": real}, steps, data)

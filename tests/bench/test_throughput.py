@@ -19,10 +19,9 @@ from flatcollate.bench.batches import (
 )
 from flatcollate.bench.cli import add_arguments, config_from_args
 from flatcollate.bench.config import SFTBenchConfig
-from flatcollate.bench.harness import get_task, in_process, run_bench
+from flatcollate.bench.harness import PROFILE_DRAWS, get_task, in_process, run_bench
 from flatcollate.bench.report import headline_lines, markdown_table, report_files, summary_text, write_report
 from flatcollate.bench.summary import cpu_name, headline
-from flatcollate.bench.tasks.sft import PROFILE_FILL_SAMPLE
 from flatcollate.bench.timing import MAX_SETTLE_PASSES
 from flatcollate.profiles import LengthProfile, load_profile, padded_fill
 from flatcollate.synthetic import synthetic_sequences
@@ -252,7 +251,7 @@ def test_noisy_headline_prints_a_warning_with_what_to_do(result):
 
 def test_summary_explains_the_padding_of_the_run_and_of_the_profile(result):
     data, padded = result["data"], result["modes"]["padded"]
-    prompt, completion = load_profile("gsm8k").sample(PROFILE_FILL_SAMPLE, seed=CONFIG.seed)
+    prompt, completion = load_profile("gsm8k").sample(PROFILE_DRAWS, seed=CONFIG.seed)
     cut = np.minimum(prompt + completion, CONFIG.max_length)
     assert data["profile_padding"] == pytest.approx(1 - padded_fill(cut, batch_size=CONFIG.batch_size))
     whole = 1 - padded_fill(prompt + completion, batch_size=CONFIG.batch_size)

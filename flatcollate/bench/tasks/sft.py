@@ -18,11 +18,8 @@ from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batc
 from ..build import build_on_device, model_config, model_summary
 from ..config import PEER_MODE, SFTBenchConfig
 from ..flops import step_flops
-from ..harness import Task, Workload, sequence_data
+from ..harness import PROFILE_DRAWS, Task, Workload, sequence_data
 from ..timing import TrainingSteps, timed_pass
-
-PROFILE_FILL_SAMPLE = 20_000
-"""Sequences drawn to estimate the profile's own padded real-token share (not only the few a run trains)."""
 
 
 def plan_batches(config: SFTBenchConfig, *, vocab_size: int, modes: Sequence[str]) -> Plan:
@@ -48,9 +45,9 @@ def pack_len(config: SFTBenchConfig, pool: SyntheticSequences) -> int:
 
 
 def profile_padding(config: SFTBenchConfig) -> tuple[float, float]:
-    """The padding fraction of padded batches of this size over `PROFILE_FILL_SAMPLE` sequences of the profile, cut to
+    """The padding fraction of padded batches of this size over `PROFILE_DRAWS` sequences of the profile, cut to
     `max_length` and not."""
-    prompt, completion = load_profile(config.profile).sample(PROFILE_FILL_SAMPLE, seed=config.seed)
+    prompt, completion = load_profile(config.profile).sample(PROFILE_DRAWS, seed=config.seed)
     full = prompt + completion
     cut, whole = (padded_fill(n, batch_size=config.batch_size) for n in (np.minimum(full, config.max_length), full))
     return 1 - cut, 1 - whole
@@ -61,7 +58,7 @@ def workload(config: SFTBenchConfig) -> Workload:
     plan = plan_batches(config, vocab_size=model_config(config).vocab_size, modes=config.modes)
     pool = plan.pool
     padding, untruncated = profile_padding(config)
-    sample = f"{PROFILE_FILL_SAMPLE:,} sequences"
+    sample = f"{PROFILE_DRAWS:,} sequences"
     data = sequence_data(pool.lengths, truncated=pool.truncated, profile_padding=padding, profile_sample=sample)
     data |= {"profile_padding_untruncated": untruncated, "pack_len": int(pack_len(config, pool))}
     assert sum(real_tokens(b) for b in plan.batches[config.modes[0]]) == int(pool.lengths.sum())

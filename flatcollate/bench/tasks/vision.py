@@ -33,9 +33,8 @@ from ..batches import Plan, pad_examples, plan_modes
 from ..build import build_on_device, model_summary
 from ..config import CPU_MODEL, MAX_IMAGES, BenchConfig
 from ..flops import attention_width, linear_parameters, training_flops
-from ..harness import Task, Workload, sequence_data
+from ..harness import PROFILE_DRAWS, Task, Workload, sequence_data
 from ..timing import TrainingSteps, timed_pass
-from .sft import PROFILE_FILL_SAMPLE
 
 VISION_TEXT_MODEL = {key: CPU_MODEL[key] for key in ("hidden_size", "intermediate_size", "num_hidden_layers")}
 VISION_TEXT_MODEL |= {key: CPU_MODEL[key] for key in ("num_attention_heads", "num_key_value_heads")}
@@ -122,9 +121,9 @@ def workload(config: VisionBenchConfig) -> Workload:
     plan = plan_vision_batches(config, model, MODES)
     pool = plan.pool
     draw = {"max_length": config.max_length, "images": config.images}
-    many = draw_lengths(load_profile(config.profile), PROFILE_FILL_SAMPLE, seed=config.seed, **draw)
+    many = draw_lengths(load_profile(config.profile), PROFILE_DRAWS, seed=config.seed, **draw)
     padding = 1 - padded_fill(many, batch_size=config.batch_size)
-    sample = f"{PROFILE_FILL_SAMPLE:,} examples"
+    sample = f"{PROFILE_DRAWS:,} examples"
     data = sequence_data(pool.lengths, truncated=pool.text.truncated, profile_padding=padding, profile_sample=sample)
     tokens = block_lengths(pool.grids) - 2
     data |= {
