@@ -174,7 +174,9 @@ def run_worker(command: Sequence[str], payload: dict) -> dict:
     if done.returncode != 0 or not lines:
         status = f"exited with status {done.returncode}"
         if done.returncode < 0:
-            status = f"was killed by {signal.Signals(-done.returncode).name} (status {done.returncode})"
+            names = {number.value: number.name for number in signal.Signals}  # real-time signals have none
+            killer = names.get(-done.returncode, f"signal {-done.returncode}")
+            status = f"was killed by {killer} (status {done.returncode})"
         raise RuntimeError(f"The worker for {text} {status}; its stderr ends:\n{stderr_tail(done.stderr)}")
     return json.loads(lines[-1])
 

@@ -2,6 +2,7 @@
 
 import json
 import re
+import signal
 import sys
 import textwrap
 
@@ -130,6 +131,10 @@ def measure(case, variant):
         log.write(json.dumps([variant, os.getpid()]) + "\\n")
     if variant == "broken":
         sys.exit("the worker failed on purpose")
+    if variant == "unnamed signal":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGRTMIN + 6)  # terminates; the signal module has no name for it
     if variant == "crashing":
         import resource
 
@@ -176,6 +181,13 @@ def test_a_worker_killed_by_a_signal_names_it_and_shows_where_it_was(worker_scri
     assert "Fatal Python error: Segmentation fault" in message
     assert re.search(r"line \d+ in string_at\n.*worker\.py\", line \d+ in crash_inside", message), message
     assert re.search(r"worker\.py\", line \d+ in measure", message), message
+
+
+def test_a_worker_killed_by_a_signal_without_a_name_is_reported_by_its_number(worker_script, tmp_path):
+    payload = {"case": {"base": 1, "log": str(tmp_path / "log.jsonl")}, "variant": "unnamed signal"}
+    number = signal.SIGRTMIN + 6
+    with pytest.raises(RuntimeError, match=rf"was killed by signal {number} \(status -{number}\)"):
+        run_worker(worker_script, payload)
 
 
 def test_serve_worker_answers_only_the_worker_flag(capsys):

@@ -41,10 +41,11 @@ def padded_grpo_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, 
     >>> padded_grpo_tokens(draw, batch_size=2)
     (array([17]), array([24]))
     """
-    prompts = padded_batches(np.repeat(draw.prompt, GENERATIONS), batch_size=GENERATIONS * batch_size)
+    rows = GENERATIONS * batch_size
+    prompt_real, prompt_padded = padded_batches(np.repeat(draw.prompt, GENERATIONS), batch_size=rows)
     replies = interleave(draw.chosen, draw.rejected) + EOS_PER_REPLY
-    completions = padded_batches(replies, batch_size=GENERATIONS * batch_size)
-    return prompts[0] + completions[0], prompts[1] + completions[1]
+    reply_real, reply_padded = padded_batches(replies, batch_size=rows)
+    return prompt_real + reply_real, prompt_padded + reply_padded
 
 
 def grpo_batches(draw: PairDraw, *, batch_size: int, vocab_size: int, seed: int) -> list[dict]:

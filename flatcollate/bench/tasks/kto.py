@@ -65,8 +65,10 @@ def padded_kto_tokens(draw: PairDraw, *, batch_size: int) -> tuple[np.ndarray, n
     >>> padded_kto_tokens(draw, batch_size=2)  # KL sequences 3 3 3 3: 4 x 4 + 4 x 3 slots
     (array([24]), array([28]))
     """
-    sequences, kl = (padded_batches(n, batch_size=2 * batch_size) for n in kto_sequences(draw, batch_size=batch_size))
-    return sequences[0] + kl[0], sequences[1] + kl[1]
+    sequences, kl_sequences = kto_sequences(draw, batch_size=batch_size)
+    real, padded = padded_batches(sequences, batch_size=2 * batch_size)
+    kl_real, kl_padded = padded_batches(kl_sequences, batch_size=2 * batch_size)
+    return real + kl_real, padded + kl_padded
 
 
 def measure(config: PairBenchConfig, mode: str, device: torch.device) -> dict:
