@@ -202,7 +202,7 @@ class ChatRenderer:
         """Token ids of the whole conversation and a mask of the tokens the assistant writes.
 
         Args:
-            messages (`list[dict]`): checked with `check_messages`.
+            messages (`list[dict]`): checked with `check_messages`, None-valued keys left out (`present_keys`).
             tools (`list`, *optional*): tool definitions passed to the template.
             where (`str`): row and field, for error messages.
 

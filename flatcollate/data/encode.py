@@ -15,9 +15,12 @@ Formats (`format=`):
 Each example is rendered to one text and tokenized once with character offsets; the tokens overlapping the answer
 (the completion, or what the model generates for each assistant message: `flatcollate.data.turns`) are trained, the
 others get label -100 (rule and picture in `flatcollate.data.spans`). Text formats end the answer with the EOS token
-so the model learns to stop. `train_on_prompt=True` trains every token instead (labels equal `input_ids`), as TRL's
-`completion_only_loss=False` and `assistant_only_loss=False` do. A row that cannot be encoded raises `RowError`
-naming the row, the field and the fix, or, with `on_error="skip"`, comes back as a `SkippedRow` carrying the reason.
+so the model learns to stop, and start with one BOS where the tokenizer adds one: a prompt that starts with the BOS
+text (rendered beforehand with `apply_chat_template(tokenize=False)`) keeps its own, without the tokenizer's.
+`train_on_prompt=True` trains every token instead (labels equal `input_ids`), as TRL's `completion_only_loss=False`
+and `assistant_only_loss=False` do. A row that cannot be encoded raises `RowError` naming the row, the field and the
+fix, or, with `on_error="skip"`, comes back as a `SkippedRow` carrying the reason; so does a row on which the template
+or tokenizer raises anything else (reason `encode_error`).
 """
 
 import json
@@ -28,6 +31,7 @@ import numpy as np
 
 from .._conventions import IGNORE_INDEX
 from .chat import ChatRenderer, check_messages, sharegpt_to_messages
+from .messages import present_keys
 from .prompt_templates import load_template, render_prompt
 from .row_errors import RowError, RowTypeError, SkippedRow
 from .spans import tokens_in_spans
@@ -94,11 +98,19 @@ class Encoder:
 
     def _text_pair(self, prompt: str, answer: str) -> dict:
         """Tokenize `prompt + answer` as one text (so merges across the seam are the tokenizer's own) and train the
-        tokens overlapping the answer's characters, then EOS."""
+        tokens overlapping the answer's characters, then EOS. The tokenizer's BOS is left out where the text's own
+        BOS follows it (a prompt rendered by a chat template)::
+
+            tokenizer(text)   <bos> (0, 0) | <bos> (0, 17) | <|start_header_id|> ...
+            input_ids                      | <bos>         | <|start_header_id|> ...
+        """
         text = prompt + answer
         encoding = self.tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
         ids = list(encoding["input_ids"])
         offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and ids[:2] == [bos, bos] and offsets[0, 1] == 0:  # added, zero width, then the text's
+            ids, offsets = ids[1:], offsets[1:]
         trained = tokens_in_spans(offsets, np.array([[len(prompt), len(text)]], dtype=np.int64))
         eos = self.tokenizer.eos_token_id
         if self.add_eos and eos is not None:
@@ -119,7 +131,7 @@ class Encoder:
                 "build_encoder.",
                 reason="no_chat_template",
             )
-        messages = check_messages(messages, where=where)
+        messages = check_messages(present_keys(messages), where=where)
         if prompt_messages:
             ids, mask = self._completion_replies(messages, prompt_messages, tools, where)
         else:
@@ -173,7 +185,8 @@ class Encoder:
         return None
 
     def encode(self, example: dict, index: int | None = None) -> dict:
-        """Like calling the encoder, but always raises `RowError` for a bad row."""
+        """Like calling the encoder, but always raises for a bad row: `RowError`, or what the template or tokenizer
+        raised."""
         where = f"row {index}" if index is not None else "example"
         if not isinstance(example, dict):
             message = f"{where}: expected a dict of fields, got {type(example).__name__}."
@@ -216,9 +229,23 @@ class Encoder:
 
     def __call__(self, example: dict, index: int | None = None) -> dict | SkippedRow:
         try:
-            return self.encode(example, index)
+            return self._encode_row(example, index)
         except RowError as err:
             if self.on_error == "raise":
                 raise
             return SkippedRow(index, err.reason, str(err))
 
+    def _encode_row(self, example: dict, index: int | None) -> dict:
+        """`encode`, with any other error raised on the row (a template's `TypeError` on a value it does not expect)
+        raised as the row's `RowError`, naming it."""
+        try:
+            return self.encode(example, index)
+        except RowError:
+            raise
+        except Exception as err:
+            where = f"row {index}" if index is not None else "example"
+            raise RowError(
+                f'{where}: encoding it raised {type(err).__name__}: {err}. Fix the row, or pass on_error="skip" to '
+                "count and skip such rows.",
+                reason="encode_error",
+            ) from err

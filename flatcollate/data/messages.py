@@ -9,7 +9,9 @@ templates read them:
   `function` wrapper may be left out), `arguments` a dict or a JSON string;
 - `reasoning_content`, `thinking` or `reasoning` (assistant): a string, rendered by reasoning templates.
 
-Messages are passed to the template as given: nothing is rewritten, so `input_ids` are `apply_chat_template`'s.
+A key whose value is None is absent (`present_keys`), as `apply_chat_template` has it: mixed conversations stored as
+Parquet or made with `Dataset.from_list` give every message (and every content part) every key, None where it has
+none. Nothing else is rewritten, so `input_ids` are `apply_chat_template`'s.
 """
 
 import json
@@ -19,6 +21,26 @@ from .row_errors import RowError
 
 ROLES = ("system", "user", "assistant", "tool")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def present_keys(messages):
+    """The conversation without its None-valued keys, in each message and each content part (a key that holds None
+    is absent, as `apply_chat_template` drops it from messages). Anything that is not a list of dicts is returned as
+    is, for `check_messages` to name.
+
+    >>> present_keys([{"role": "user", "content": [{"type": "text", "text": "hi", "image": None}], "name": None}])
+    [{'role': 'user', 'content': [{'type': 'text', 'text': 'hi'}]}]
+    """
+    if not isinstance(messages, list | tuple):
+        return messages
+    return [_without_none(m, parts=True) if isinstance(m, Mapping) else m for m in messages]
+
+
+def _without_none(mapping: Mapping, *, parts: bool = False) -> dict:
+    kept = {key: value for key, value in mapping.items() if value is not None}
+    if parts and isinstance(kept.get("content"), list | tuple):
+        kept["content"] = [_without_none(p) if isinstance(p, Mapping) else p for p in kept["content"]]
+    return kept
 
 
 def _bad(where: str, turn: int, problem: str, message) -> RowError:

@@ -28,6 +28,8 @@
 | `bad_image`              | has an image that is not an image, path or image dict, or a file PIL cannot read |
 | `image_in_reply`         | has an image part in an assistant message                                        |
 | `processor_error`        | was refused by the processor (e.g. an image too narrow for its patch grid)       |
+| `encode_error`           | made the template or tokenizer raise another error (a `TypeError` from a         |
+|                          | template joining a list of content parts); the message names it                  |
 """
 
 from dataclasses import dataclass

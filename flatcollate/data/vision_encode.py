@@ -34,6 +34,7 @@ from .chat import ChatRenderer, check_messages
 from .encode import Encoder
 from .fingerprint import image_files_fingerprint
 from .images import as_image_list, image_paths, load_images
+from .messages import present_keys
 from .row_errors import RowError
 from .spans import reply_spans, tokens_in_spans
 
@@ -185,6 +186,7 @@ class VisionEncoder(Encoder):
 
     def _with_images(self, messages, example: dict, where: str) -> dict:
         at = f"{where}: field {self.messages_field!r}"
+        messages = present_keys(messages)
         views, pieces, num_parts = text_views(messages, where=at)
         check_messages(views, where=at)
         images = as_image_list(example.get(self.images_field))

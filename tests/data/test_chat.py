@@ -8,6 +8,7 @@ the one documented difference of the Qwen2.5 training template).
 import json
 from unittest import mock
 
+import datasets
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -25,6 +26,33 @@ CHAT_KWARGS = {
 TRAINING_TEMPLATES = {"qwen2.5-instruct": "qwen2_5_training.jinja", "llama-3.2-instruct": "llama3_training.jinja"}
 # Mistral-Nemo's way with the system message: it is written into the *last* user turn only, so it vanishes from a
 # conversation that ends on an assistant reply.
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+# A plain chat and a tool-calling one, each message with only its own keys.
+MIXED = [
+    {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "tool_calls": [CALL]},
+            {"role": "tool", "name": "get_weather", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ]
+    },
+]
+# One type for every message, as Parquet and `Dataset.from_list` store mixed conversations: None where it has none.
+MESSAGE = {
+    "role": datasets.Value("string"),
+    "content": datasets.Value("string"),
+    "tool_calls": datasets.List(
+        {
+            "type": datasets.Value("string"),
+            "function": {"name": datasets.Value("string"), "arguments": datasets.Value("string")},
+        }
+    ),
+    "name": datasets.Value("string"),
+    "tool_call_id": datasets.Value("string"),
+    "reasoning_content": datasets.Value("string"),
+}
 SYSTEM_IN_LAST_USER_TURN = (
     "{%- if messages[0].role == 'system' %}{%- set system = messages[0].content %}"
     "{%- set messages = messages[1:] %}{%- endif %}{{ bos_token }}"
@@ -142,6 +170,55 @@ def test_bad_rows_are_skipped_with_a_reason(tokenizers):
     assert build_encoder(tokenizers("qwen2.5-instruct"), on_error="skip")({"text": "x"}).reason == "unknown_format"
     with pytest.raises(TypeError, match="row 8: expected a dict"):
         build_encoder(tokenizers("qwen2.5-instruct"))(["not", "a", "dict"], index=8)
+
+
+def stored(rows: list[dict]) -> datasets.Dataset:
+    return datasets.Dataset.from_list(rows, features=datasets.Features({"messages": datasets.List(MESSAGE)}))
+
+
+@pytest.mark.parametrize("name", list(CHAT_KWARGS))
+def test_none_valued_keys_are_absent(tokenizers, name):
+    """A message's None-valued keys (`tool_calls`, `name`, `tool_call_id`, `reasoning_content`) are left out, as
+    `apply_chat_template` leaves them out: the stored rows encode as the rows written with their own keys only."""
+    tok, kwargs = tokenizers(name), CHAT_KWARGS[name]
+    encoder = build_encoder(tok, format="messages", chat_template_kwargs=kwargs, on_error="skip")
+    for i, (row, written) in enumerate(zip(stored(MIXED), MIXED, strict=True)):
+        assert row["messages"][0]["tool_calls"] is None and row["messages"][1]["reasoning_content"] is None
+        out = encoder(row, index=i)
+        assert out == encoder(written, index=i)
+        if name == "mistral-7b-instruct-v0.2" and i == 1:  # its template refuses tool turns, with or without None
+            assert out.reason == "template_error"
+            continue
+        assert out["input_ids"] == list(tok.apply_chat_template(row["messages"], **kwargs)["input_ids"])
+        assert len(trained_runs(out["labels"])) == len(row["messages"]) // 2
+
+
+def test_none_valued_keys_crash_the_template_where_present(tokenizers):
+    """The control: Llama-3.2's template takes `'tool_calls' in message` for a tool call, so the stored plain row
+    fails to render where its None-valued keys are kept (the prefix renders), and renders where they are left out."""
+    tok, kwargs = tokenizers("llama-3.2-instruct"), CHAT_KWARGS["llama-3.2-instruct"]
+    messages = stored(MIXED)[0]["messages"]
+    renderer = ChatRenderer(tok, template_kwargs=kwargs)
+    with pytest.raises(TypeError, match="object of type 'NoneType' has no len"):
+        renderer.prefix_renderer(messages)(messages, False)
+    present = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    rendered = tok.apply_chat_template(messages, tokenize=False, **kwargs)
+    assert renderer.prefix_renderer(present)(present, False) == rendered
+
+
+def test_an_error_the_template_raises_is_the_rows_error(tokenizers):
+    """Mistral v0.2's template joins strings, so content parts make it raise a `TypeError`, not a template error:
+    the row is still refused as a `RowError` naming it, and skipped with `on_error="skip"`."""
+    tok = tokenizers("mistral-7b-instruct-v0.2")
+    row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi."}]}, MIXED[0]["messages"][1]]}
+    with pytest.raises(TypeError, match="can only concatenate str"):  # the control: what the template raises
+        tok.apply_chat_template(row["messages"], tokenize=False)
+    skipped = build_encoder(tok, format="messages", on_error="skip")(row, index=3)
+    assert (skipped.index, skipped.reason) == (3, "encode_error")
+    assert skipped.message.startswith("row 3: ") and "TypeError: can only concatenate str" in skipped.message
+    with pytest.raises(RowError, match=r"row 3: .*TypeError: can only concatenate str.*on_error=\"skip\"") as caught:
+        build_encoder(tok, format="messages")(row, index=3)
+    assert caught.value.reason == "encode_error" and isinstance(caught.value.__cause__, TypeError)
 
 
 # -- every row of the shared conversational data -----------------------------------------------------------------

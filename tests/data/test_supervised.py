@@ -12,6 +12,22 @@ from transformers import AutoTokenizer
 
 from flatcollate.data import PackedDataset, build_encoder, make_supervised_dataset, make_supervised_dset
 
+from .label_runs import trained_runs
+
+LLAMA_KWARGS = {"date_string": "26 Jul 2024"}
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+MIXED = [  # a plain chat and a tool-calling one, each message with only its own keys
+    {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "tool_calls": [CALL]},
+            {"role": "tool", "name": "get_weather", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "assistant", "content": "It is sunny."},
+        ]
+    },
+]
+
 
 @pytest.fixture(scope="module")
 def gpt2(tokenizer_dir):
@@ -183,3 +199,46 @@ def test_the_cache_is_keyed_on_everything_that_changes_the_encoding(gpt2, gsm8k_
     with_eos = make_supervised_dataset(tok, text_rows, seed=None, cache_dir=cache, **options)
     without = make_supervised_dataset(tok, text_rows, seed=None, cache_dir=cache, add_eos=False, **options)
     assert [r[:-1] for r in with_eos["input_ids"]] == without["input_ids"] and cache_files() == 7
+
+
+def test_mixed_chat_rows_from_a_list_or_parquet(tokenizer_dir, tmp_path):
+    """Plain and tool-calling conversations in one `Dataset.from_list` (or Parquet file) give every message every key,
+    None where it has none. Llama-3.2's template takes `'tool_calls' in message` for a tool call, yet every row is
+    encoded as `apply_chat_template` renders the row written with its own keys only."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir("llama-3.2-instruct"))
+    rows = datasets.Dataset.from_list(MIXED)
+    plain = {"role": "user", "content": "Hi.", "tool_calls": None, "name": None, "tool_call_id": None}
+    assert rows[0]["messages"][0] == plain
+    rows.to_parquet(tmp_path / "chats.parquet")
+    expected = [list(tok.apply_chat_template(row["messages"], **LLAMA_KWARGS)["input_ids"]) for row in MIXED]
+    for source in (rows, tmp_path / "chats.parquet"):
+        out, stats = make_supervised_dataset(
+            tok, source, seed=None, on_error="skip", return_stats=True, chat_template_kwargs=LLAMA_KWARGS
+        )
+        assert (stats.num_encoded, stats.skipped) == (2, {})
+        assert out["input_ids"] == expected
+        assert [len(trained_runs(labels)) for labels in out["labels"]] == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-instruct", "mistral-7b-instruct-v0.2", "qwen2.5-instruct"])
+def test_a_prompt_rendered_with_its_bos_keeps_one_bos(tokenizer_dir, name):
+    """A prompt rendered beforehand with `apply_chat_template(tokenize=False)` holds the BOS text already: the
+    tokenizer's own BOS is not added before it. A prompt without it gets the tokenizer's BOS as before."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(name))
+    kwargs = LLAMA_KWARGS if name == "llama-3.2-instruct" else {}
+    question = [{"role": "user", "content": "Name a colour."}]
+    prompt = tok.apply_chat_template(question, tokenize=False, add_generation_prompt=True, **kwargs)
+    rows = [{"prompt": prompt, "completion": "Blue."}, {"prompt": "Name a colour.\n", "completion": "Blue."}]
+    out = make_supervised_dataset(tok, datasets.Dataset.from_list(rows), format="prompt_completion", seed=None)
+    eos = [tok.eos_token_id]
+    assert out[0]["input_ids"] == tok(prompt + "Blue.", add_special_tokens=False)["input_ids"] + eos
+    assert out[1]["input_ids"] == tok("Name a colour.\nBlue.")["input_ids"] + eos
+    bos = tok.bos_token_id
+    assert [ids.count(bos) for ids in out["input_ids"]] == ([1, 1] if bos is not None else [0, 0])
+    assert [tok.decode(run) for run in trained_runs(out[0]["labels"])] == ["Blue." + tok.eos_token]
+    # The control: the tokenizer adds its BOS before the rendered one (Llama-3.2, Mistral; Qwen2.5 has none).
+    doubled = tok(prompt + "Blue.")["input_ids"]
+    if bos is not None:
+        assert doubled[:2] == [bos, bos] and doubled[1:] + eos == out[0]["input_ids"]
+    else:
+        assert doubled + eos == out[0]["input_ids"]

@@ -224,6 +224,34 @@ def one_image_row(image):
     }
 
 
+def test_none_valued_keys_of_messages_and_parts_are_absent(processors):
+    """`Dataset.from_list` gives every message every key and every content part every key, None where it has none.
+    Qwen2-VL's template takes a part with an `image` key for an image, so a text part stored with `image: None`
+    would be written as one: the stored row encodes as the row written with its own keys only."""
+    processor = processors["qwen2_vl"]
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
+    qwen2_vl_test = "part['type'] == 'image' or 'image' in part"
+    template = chat_template(placeholder).replace("part['type'] == 'image'", qwen2_vl_test)
+    string = datasets.Value("string")
+    part = {"type": string, "text": string, "image": string}
+    features = datasets.Features(
+        {
+            "messages": datasets.List({"role": string, "content": datasets.List(part), "name": string}),
+            "images": datasets.List(datasets.Image()),
+        }
+    )
+    written = one_image_row(PIL.Image.new("RGB", (56, 56)))
+    written["messages"][1]["content"] = [{"type": "text", "text": "A cat."}]
+    row = datasets.Dataset.from_list([written], features=features)[0]
+    assert row["messages"][0]["content"][1] == {"type": "text", "text": "What is it?", "image": None}
+    encoder = build_encoder(processor, format="messages", chat_template=template)
+    out, expected = encoder(row, index=0), encoder(written, index=0)
+    assert out["input_ids"] == expected["input_ids"] and out["labels"] == expected["labels"]
+    np.testing.assert_array_equal(out["pixel_values"], expected["pixel_values"])
+    # The control: rendered as stored, every part (each has an `image` key) is written as an image.
+    assert processor.apply_chat_template(row["messages"], chat_template=template).count("<|image_pad|>") == 3
+
+
 def bad_rows(tmp_path):
     """(row, reason, words the message must hold) for each way a row with images can be wrong."""
     image = PIL.Image.new("RGB", (56, 56))
