@@ -1,8 +1,9 @@
-"""Training glue: loss normalization across accumulation steps and data-parallel ranks.
+"""Training glue: loss normalization across accumulation steps and data-parallel ranks, and per-example evaluation.
 
-Imports from flatcollate: `_conventions`.
+Imports from flatcollate: `_conventions`, `boundaries`.
 """
 
+from .evaluation import split_flattened_predictions
 from .loss import (
     count_items,
     global_num_items,
@@ -11,4 +12,11 @@ from .loss import (
     token_loss_terms,
 )
 
-__all__ = ["count_items", "global_num_items", "normalized_loss", "sequence_loss_terms", "token_loss_terms"]
+__all__ = [
+    "count_items",
+    "global_num_items",
+    "normalized_loss",
+    "sequence_loss_terms",
+    "split_flattened_predictions",
+    "token_loss_terms",
+]
