@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import torch
 
+from .sampler_state import EpochIterator, check_resume, lengths_fingerprint
 from .shard_check import check_one_sharder, sharding_wrapper
 
 
@@ -134,6 +135,8 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
               iterated without that wrapper while `num_replicas > 1`, or dealt among another number of processes.
 
     Yields `list[int]` of dataset indices: one list per step for this rank (`shard=True`), or one per step and rank.
+    Resumes mid-epoch: `state_dict()` holds the epoch and the options the batches depend on, and a state saved with
+    other options is refused (`flatcollate.data.sampler_state`).
 
     Raises:
         `TypeError`: `lengths` not 1-D integers, or an option of the wrong type (floats, bools).
@@ -178,6 +181,7 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
             raise ValueError(f"rank {rank} is not in [0, num_replicas={num_replicas}).")
         self.num_replicas, self.rank, self.shard = int(num_replicas), int(rank) if shard else None, shard
         self.lengths = check_example_lengths(lengths)
+        self._fingerprint = lengths_fingerprint(self.lengths)  # once: a StatefulDataLoader saves a state per batch
         self.plain_batch_size, self.max_tokens, self.seed = int(batch_size), int(max_tokens), int(seed)
         self.batch_size = self.plain_batch_size if shard else None  # None: accelerate keeps batches of any size
         self.drop_last = drop_last
@@ -230,15 +234,40 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
         by_load = np.argsort(loads, kind="stable").reshape(self.num_steps, self.num_replicas)
         return [[groups[b] for b in by_load[s]] for s in rng.permutation(self.num_steps)]
 
-    def __iter__(self):
-        # Checked here, not in a generator body, so that the frame below is the one that called `iter()`.
+    def __iter__(self) -> EpochIterator:
+        # Checked here, not in the iterator, so that the frame below is the one that called `iter()`.
         wrapper = sharding_wrapper(sys._getframe(1))
         check_one_sharder(wrapper, shard=self.shard, num_replicas=self.num_replicas, rank=self.rank)
-        return self._batches()
+        return EpochIterator(self._handed_out, length=len(self))
 
-    def _batches(self):
-        for step in self.epoch_batches():
-            if self.shard:
-                yield step[self.rank].tolist()
-            else:
-                yield from (batch.tolist() for batch in step)
+    def _handed_out(self) -> list[np.ndarray]:
+        """This epoch's batches in the order `__iter__` yields them."""
+        steps = self.epoch_batches()
+        return [step[self.rank] for step in steps] if self.shard else [batch for step in steps for batch in step]
+
+    def state_dict(self) -> dict:
+        """The epoch and what its batches depend on; no rank and no position, so the same on every rank.
+
+        Resume mid-epoch with `StatefulDataLoader` (it saves the position, `iter(sampler).state_dict()`, beside this)
+        or, under accelerate, with `accelerator.register_for_checkpointing(sampler)` and
+        `accelerator.skip_first_batches(loader, steps_done_in_epoch)`; see `flatcollate.data.sampler_state`.
+
+        >>> sampler = TokenBudgetBatchSampler([900, 40, 30, 950, 60, 20], batch_size=2, max_tokens=1000)
+        >>> sampler.set_epoch(1)
+        >>> sampler.state_dict()  # doctest: +NORMALIZE_WHITESPACE
+        {'epoch': 1, 'config': {'batch_size': 2, 'max_tokens': 1000, 'num_replicas': 1, 'seed': 0, 'drop_last': False,
+         'lengths': '6 examples, sha256 95875a28e1759fca'}}
+        """
+        config = {
+            "batch_size": self.plain_batch_size,
+            "max_tokens": self.max_tokens,
+            "num_replicas": self.num_replicas,
+            "seed": self.seed,
+            "drop_last": bool(self.drop_last),
+            "lengths": self._fingerprint,
+        }
+        return {"epoch": int(self.epoch), "config": config}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on in `state`'s epoch; a `ValueError` names every option the state was saved with that differs here."""
+        self.epoch = check_resume(state, config=self.state_dict()["config"])

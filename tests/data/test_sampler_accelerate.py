@@ -92,22 +92,65 @@ def test_a_sampler_for_accelerate_refuses_a_plain_dataloader_and_another_process
         TokenBudgetBatchSampler(LENGTHS, **OPTIONS, num_replicas=2, rank=1, shard=False)
 
 
+STOP_AT = 13  # 10 steps an epoch on 2 processes: the 4th step of the second epoch
+ENV = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+
+
+def launch(output: Path, *args: str, num_processes: int = 2) -> subprocess.CompletedProcess:
+    """`accelerate_sampler_run.py` on `num_processes` processes (torchrun, gloo), or in this one's place for 1."""
+    torchrun = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(num_processes),
+        "--master_port",
+        str(free_port()),
+    ]
+    command = [sys.executable, *(torchrun if num_processes > 1 else []), str(RUN), "--output", str(output), *args]
+    return subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """One two-process run: both setups over two epochs, then the resumable loop stopped after `STOP_AT` steps."""
+    output = tmp_path_factory.mktemp("two_processes")
+    return output, launch(output, "--stop-at", str(STOP_AT))
+
+
 @needs_gloo
-def test_two_accelerate_processes_see_every_example_once_per_epoch(tmp_path):
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        str(RUN), "--output", str(tmp_path),
-    ]  # fmt: skip
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def test_two_accelerate_processes_see_every_example_once_per_epoch(two_processes):
+    output, done = two_processes
+    ranks = [json.loads((output / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["num_processes"] for r in ranks] == [2, 2]
     default_seen = [i for r in ranks for i in r["default_seen"] or []]
     assert all(r["default_error"] for r in ranks), f"sharded twice: {len(set(default_seen))} of 40 examples seen"
     assert "shard=False" in ranks[0]["default_error"]
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert all("epochs" in r for r in ranks), done.stderr[-4000:]
     assert ranks[0]["steps"] == ranks[1]["steps"] == 10
     for epoch in range(2):
         seen = ranks[0]["epochs"][epoch] + ranks[1]["epochs"][epoch]
         assert sorted(seen) == list(range(40)), f"epoch {epoch}"
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1], "set_epoch reshuffles"
+
+
+@needs_gloo
+def test_two_accelerate_processes_resumed_mid_epoch_train_the_uninterrupted_batches(two_processes):
+    output, done = two_processes
+    assert done.returncode == 0, done.stderr[-4000:]
+    checkpoint = output / f"step_{STOP_AT}"
+    assert (checkpoint / "custom_checkpoint_0.pkl").exists(), "accelerator.save_state saved the sampler's state"
+    resumed = launch(output, "--resume", str(checkpoint))  # new processes, nothing in memory from the stopped run
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    for rank in range(2):
+        run = json.loads((output / f"rank{rank}.json").read_text())
+        after = json.loads((output / f"resumed_rank{rank}.json").read_text())
+        assert "error" not in after, after.get("error")
+        assert len(run["stopped"]) == STOP_AT
+        assert run["stopped"] + after["trained"] == run["batches"], f"rank {rank}"
+    one_process = output / "one_process"
+    one_process.mkdir()
+    refused = launch(one_process, "--resume", str(checkpoint), num_processes=1)
+    assert refused.returncode == 0, refused.stderr[-4000:]
+    error = json.loads((one_process / "resumed_rank0.json").read_text())["error"]
+    assert "saved with num_replicas=2 but this sampler has num_replicas=1" in error
+    assert "relaunch on 2 processes" in error
