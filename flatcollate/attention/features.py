@@ -62,6 +62,22 @@ def refuse_unless_computed(name: str, *, dropout: float, softcap: float | None, 
         )
 
 
+def wrong_gradients(name: str, head_dim: int) -> str | None:
+    """Why kernel `name` runs a layer of head dim `head_dim` but trains it wrong, in words, or None.
+
+    flash-attn-4's backward accumulates the query gradient in blocks of 32 head dims (`head_dim_rounded` in
+    `flash_attn/cute/interface.py`) and writes a wrong dq at other head dims, raising nothing: 4.0.0b36 on an NVIDIA
+    H200 was off by 2.4 at head dim 16 and 2.8 at 48, and exact at 32, 64, 96 and 128
+    (`tests/attention/test_reference_kernels.py::test_real_flash_attn_4_matches_the_reference`).
+
+    >>> wrong_gradients("flash_attn_4", 16), wrong_gradients("flash_attn_4", 64), wrong_gradients("flash_attn_2", 16)
+    ('writes wrong query gradients at head dim 16 (not a multiple of 32)', None, None)
+    """
+    if name == "flash_attn_4" and head_dim % 32:
+        return f"writes wrong query gradients at head dim {head_dim} (not a multiple of 32)"
+    return None
+
+
 def is_default_scale(scale: float | None, head_dim: int) -> bool:
     """Whether `scale` is `head_dim ** -0.5` (or unset): all a kernel without a `scale` parameter computes.
 

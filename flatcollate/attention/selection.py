@@ -12,7 +12,8 @@ so the order is about speed only. The order by device (`capabilities.compute_cap
 What a kernel needs besides being installed (`refusal` says it in words):
 
     kernel         dtype       head dim D                     dropout  soft-cap  sinks  window
-    flash_attn_4   fp16/bf16   8-256 (sm 10+: <= 128 or 256)  no       yes       yes    yes
+    flash_attn_4   fp16/bf16   32-256, multiple of 32         no       yes       yes    yes
+                               (sm 10+: <= 128 or 256)
     flash_attn_3   fp16/bf16   8-256, multiple of 8           no       yes       no     yes
     flash_attn_2   fp16/bf16   <= 256                         yes      yes       no     yes
     hub            fp16/bf16   <= 256                         as its signature says (dropout_p, softcap, sinks)
@@ -29,7 +30,7 @@ them and flash-attn-4 imports.
 import torch
 
 from . import capabilities
-from .features import is_default_scale, lacking
+from .features import is_default_scale, lacking, wrong_gradients
 from .kernels import flex_kernel, sdpa_kernel
 from .varlen_kernels import (
     flash_attn_2_kernel,
@@ -114,6 +115,9 @@ def refusal(
         return f"cannot take head dim {head_dim}"
     if name == "flash_attn_4" and major >= 10 and head_dim > 128 and head_dim != 256:
         return f"cannot take head dim {head_dim} on sm {major}"
+    wrong = wrong_gradients(name, head_dim)
+    if wrong is not None:
+        return wrong
     if name == "torch_varlen":
         accepted = capabilities.parameters(capabilities.varlen_attn)
         if window is not None and "window_size" not in accepted:

@@ -122,13 +122,14 @@ def test_detection_and_a_prepared_model_stay_exact(detect_with, monkeypatch, cas
 
         contract = KernelContract(dtypes=(torch.float32,), device_type="cpu")
         monkeypatch.setattr(capabilities, "varlen_attn", varlen_attn_like(capabilities.varlen_attn)(contract))
-    assert select_kernel(torch.zeros(4, 2, 16), softcap=None, dropout=0.0) == expected_kernel
+    assert select_kernel(torch.zeros(4, 2, 32), softcap=None, dropout=0.0) == expected_kernel
 
     generator = torch.Generator().manual_seed(0)
     features = [{"input_ids": torch.randint(0, 256, (n,), generator=generator).tolist()} for n in (7, 1, 12)]
     batch = DataCollatorWithFlattening()(features)
-    model = prepare_model_for_flattening(tiny_causal_lm("qwen2", num_key_value_heads=1))
-    alone = tiny_causal_lm("qwen2", num_key_value_heads=1, attn_implementation="eager")
+    sizes = {"num_key_value_heads": 1, "head_dim": 32}  # a head dim every kernel trains (FA4: multiples of 32)
+    model = prepare_model_for_flattening(tiny_causal_lm("qwen2", **sizes))
+    alone = tiny_causal_lm("qwen2", **sizes, attn_implementation="eager")
     flat_logits = model(**batch).logits
     bounds = itertools.pairwise(batch["cu_seq_lens_q"].tolist())
     alone_logits = torch.cat([alone(input_ids=batch["input_ids"][:, a:b]).logits for a, b in bounds], dim=1)

@@ -31,6 +31,7 @@ from flatcollate.check.report import max_grad_diff
 from flatcollate.models import tiny_causal_lm
 
 LENGTHS = [11, 1, 6, 17, 3]
+HEAD_DIM = 32  # flash-attn-4 trains head dims that are multiples of 32 only (`features.wrong_gradients`)
 CPU_FP32 = KernelContract(dtypes=(torch.float32,), device_type="cpu")
 FAMILIES = {
     "llama": {},
@@ -103,7 +104,7 @@ def reference_cuda(monkeypatch):
 
 def flat_vs_alone(family: str) -> dict[str, float]:
     """Largest gaps of logits, loss and gradients: flattened batch (prepared model) vs each sequence alone (eager)."""
-    options = dict(FAMILIES[family])
+    options = {"head_dim": HEAD_DIM, **FAMILIES[family]}
     model_type = options.pop("model", family)
     generator = torch.Generator().manual_seed(1)
     features = [{"input_ids": torch.randint(0, 256, (n,), generator=generator).tolist()} for n in LENGTHS]
@@ -223,7 +224,51 @@ def test_real_kernels_in_a_bf16_model_get_what_they_accept(monkeypatch, backend)
         if "window_size" not in capabilities.parameters(real) and backend == "torch_varlen"
         else {"sliding_window": 4}
     )
-    model = tiny_causal_lm("mistral", dtype=torch.bfloat16, **window).to(REAL_DEVICE)
+    model = tiny_causal_lm("mistral", dtype=torch.bfloat16, head_dim=HEAD_DIM, **window).to(REAL_DEVICE)
     prepare_model_for_flattening(model)(**batch).loss.backward()
     assert len(gaps) == 2, f"the {backend} path was not taken"
     assert max(gaps) <= 1e-2, gaps  # bf16 keeps about 3 significant digits
+
+
+@pytest.mark.skipif(not capabilities.HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.skipif(capabilities.flash_attn_4_varlen_func is None, reason="needs flash-attn-4")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_transformers_own_flash_attention_4_path_and_flatcollate_agree(family):
+    """transformers' padding-free path (its collator, `attn_implementation="flash_attention_4"`) and flatcollate's on
+    the same sequences: the logits of each are within twice bf16's own error (the bf16 model run per sequence) of the
+    fp32 per-sequence run of the same weights. The control: flatcollate's batch with one boundary moved by a token."""
+    from transformers import DataCollatorWithFlattening as TransformersCollator
+
+    generator = torch.Generator().manual_seed(2)
+    lengths = [300, 7, 1, 129, 64]
+    rows = [torch.randint(0, 256, (n,), generator=generator) for n in lengths]
+    features = [{"input_ids": row.tolist()} for row in rows]
+    moved = [{"input_ids": rows[0].tolist() + rows[1][:1].tolist()}, {"input_ids": rows[1][1:].tolist()}, *features[2:]]
+    sizes = {"head_dim": HEAD_DIM}
+    theirs = tiny_causal_lm(family, dtype=torch.bfloat16, attn_implementation="flash_attention_4", **sizes)
+    ours = tiny_causal_lm(family, dtype=torch.bfloat16, **sizes).to(REAL_DEVICE)
+    reference = tiny_causal_lm(family, attn_implementation="eager", **sizes).to(REAL_DEVICE)
+    reference.load_state_dict(ours.state_dict())  # the same (bf16) weights in fp32
+    theirs.to(REAL_DEVICE).load_state_dict(ours.state_dict())
+
+    def logits(model, batch):
+        batch = {key: value.to(REAL_DEVICE) if torch.is_tensor(value) else value for key, value in batch.items()}
+        with torch.no_grad():
+            return model(**batch).logits[0].float()
+
+    def per_sequence(model):
+        return torch.cat([logits(model, {"input_ids": row[None]}) for row in rows])
+
+    expected = per_sequence(reference)
+    bound = 2 * (per_sequence(ours) - expected).abs().max().item()
+    prepare_model_for_flattening(ours)
+    gaps = {
+        "transformers": logits(theirs, TransformersCollator(return_flash_attn_kwargs=True)(features)),
+        "flatcollate": logits(ours, DataCollatorWithFlattening()(features)),
+        "flatcollate, a boundary moved": logits(ours, DataCollatorWithFlattening()(moved)),
+    }
+    gaps = {name: (got - expected).abs().max().item() for name, got in gaps.items()}
+    print(f"{family} on {torch.cuda.get_device_name()}: bound {bound:.3g}, largest |logit diff| {gaps}")
+    assert gaps["flatcollate"] <= bound, gaps
+    assert gaps["transformers"] <= bound, gaps
+    assert gaps["flatcollate, a boundary moved"] > bound, gaps

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from flatcollate.attention import PackedSegments, capabilities
+from flatcollate.attention.features import wrong_gradients
 from flatcollate.attention.kernels import sdpa_kernel
-from flatcollate.attention.reference_flash_attn import flash_attn_varlen_func
+from flatcollate.attention.reference_flash_attn import flash_attn_4_varlen_func, flash_attn_varlen_func
 from flatcollate.attention.reference_kernels import KernelContract, varlen_attn, varlen_attn_like
 from flatcollate.boundaries import lengths_to_cu_seqlens
 
@@ -204,3 +205,52 @@ def test_real_torch_varlen_matches_the_reference(window_size):
         return kernel(q, k, v, cu, cu, longest, longest, **options)
 
     _compare_real(call, capabilities.varlen_attn, varlen_attn_like(capabilities.varlen_attn))
+
+
+# FA4 (`flash_attn.cute`): windows as `(left, right)` with None for unlimited, sinks as `learnable_sink`, `(out, lse)`.
+FA4_CASES = {
+    "causal": {"causal": True},
+    "window": {"causal": True, "window_size": (63, 0)},
+    "softcap": {"causal": True, "softcap": 2.0},
+    "scale": {"causal": True, "softmax_scale": 0.05},
+    "sinks": {"causal": True, "learnable_sink": 1.5},
+}
+
+
+@needs_cuda
+@pytest.mark.skipif(capabilities.flash_attn_4_varlen_func is None, reason="needs flash-attn-4")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("case", FA4_CASES)
+def test_real_flash_attn_4_matches_the_reference(case, head_dim):
+    options = dict(FA4_CASES[case])
+    if "learnable_sink" in options:  # one sink logit per query head, as gpt-oss passes its `s_aux`
+        options["learnable_sink"] = torch.full((8,), options["learnable_sink"], device=REAL_DEVICE)
+
+    _compare_real(
+        _fa4_call(options), capabilities.flash_attn_4_varlen_func, flash_attn_4_varlen_func, head_dim=head_dim
+    )
+
+
+def _fa4_call(options):
+    def call(kernel, q, k, v, cu, longest):
+        bounds = {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": longest, "max_seqlen_k": longest}
+        out, _ = kernel(q, k, v, **bounds, **options)
+        return out
+
+    return call
+
+
+@needs_cuda
+@pytest.mark.skipif(capabilities.flash_attn_4_varlen_func is None, reason="needs flash-attn-4")
+@pytest.mark.parametrize("head_dim", [16, 48])
+def test_real_flash_attn_4_trains_wrong_where_flatcollate_passes_it_over(head_dim):
+    """The rule `features.wrong_gradients` holds against the installed FA4: where it passes FA4 over, the real query
+    gradient is off. When a release fixes it, this fails: lift the rule then."""
+    assert wrong_gradients("flash_attn_4", head_dim) is not None
+    with pytest.raises(AssertionError, match="dq: the real kernel is off"):
+        _compare_real(
+            _fa4_call({"causal": True}),
+            capabilities.flash_attn_4_varlen_func,
+            flash_attn_4_varlen_func,
+            head_dim=head_dim,
+        )
