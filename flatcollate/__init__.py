@@ -15,7 +15,6 @@ __version__ = "0.1.0"
 _SOURCES = {
     "IGNORE_INDEX": "_conventions",
     "load_profile": "profiles",
-    "run_throughput": "bench",
     "CheckReport": "check",
     "check_model": "check",
     "DataCollatorForCompletionOnlyLM": "collate",
@@ -68,7 +67,6 @@ __all__ = [
     "pack_lengths",
     "prepare_model_for_flattening",
     "prepare_model_for_sequence_parallel",
-    "run_throughput",
     "sequence_logprobs",
     "sequence_parallel_loss",
     "split_for_sequence_parallel",
