@@ -1,6 +1,6 @@
 """`torch.compile` on a prepared model: compile time, then eager against compiled training steps on flattened batches.
 
-Every run trains the same prepared tiny causal LM (`flatcollate.models.tiny_causal_lm`, the same seed, sizes below)
+Every run trains the same prepared tiny causal LM (`flatcollate.testing.tiny_causal_lm`, the same seed, sizes below)
 with SGD on the same flattened batches (`DataCollatorWithFlattening`, lengths from a length profile, a new length mix
 every step), in a fresh process: eager (`uncompiled`) or `torch.compile(model, backend=..., dynamic=...)` with an
 empty compile cache of its own. A compiled run's first step (tracing and code generation included) and second, of
@@ -30,8 +30,8 @@ from flatcollate import DataCollatorWithFlattening, load_profile
 from flatcollate.bench.repeats import format_spread, run_repeats, serve_worker
 from flatcollate.cli import non_negative_int, positive_int
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sequences
+from flatcollate.testing import tiny_causal_lm
 
 from _common import CLOCKS, add_repeat_arguments, command_line, format_ratio, script_parser, time_calls, write_results
 

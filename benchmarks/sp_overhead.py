@@ -37,9 +37,9 @@ from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.attention import packed_attention_forward
 from flatcollate.bench.repeats import format_spread, ratio_spread, run_repeats, serve_worker
 from flatcollate.cli import non_negative_int, positive_int
-from flatcollate.models import tiny_causal_lm
 from flatcollate.parallel import prepare_model_for_sequence_parallel, split_for_sequence_parallel
 from flatcollate.parallel.all_to_all import heads_to_sequence, sequence_to_heads
+from flatcollate.testing import tiny_causal_lm
 
 from _common import add_repeat_arguments, command_line, format_ratio, script_parser, write_results
 

@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from trl import DPOConfig, DPOTrainer
 
 from flatcollate.integrations.trl import FlatDPOTrainer
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import offline_tokenizer
+from flatcollate.testing import tiny_causal_lm
 
 
 def preference_pairs(count: int, vocab_size: int, seed: int) -> Dataset:

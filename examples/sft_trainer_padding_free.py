@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 from trl import SFTConfig
 
 from flatcollate.integrations.trl import FlatSFTTrainer
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import offline_tokenizer, synthetic_sft_dataset
+from flatcollate.testing import tiny_causal_lm
 
 
 def to_completion_mask(row: dict) -> dict:

@@ -13,8 +13,8 @@ from transformers import Trainer, TrainingArguments
 
 from flatcollate import DataCollatorForCompletionOnlyLM
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sft_dataset
+from flatcollate.testing import tiny_causal_lm
 
 RESPONSE_TEMPLATE = [250, 251]
 

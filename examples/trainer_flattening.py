@@ -16,8 +16,8 @@ from transformers import Trainer, TrainingArguments
 
 from flatcollate import IGNORE_INDEX, DataCollatorWithFlattening
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sft_dataset
+from flatcollate.testing import tiny_causal_lm
 
 
 def pad_collate(features: list[dict]) -> dict[str, torch.Tensor]:

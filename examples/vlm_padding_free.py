@@ -11,7 +11,7 @@ Qwen2.5 tokenizer in the shared data (`$FLATCOLLATE_SHARED_DATA`, default `../sh
 Qwen2-VL's image processor (which Qwen2.5-VL uses), by `flatcollate.vision.images_only(Qwen2_5_VLProcessor)`: the
 class without its video slot, whose processor needs torchvision. `--processor DIR` reads a local model directory's
 processor instead (`flatcollate.vision.load_processor`: transformers' own `AutoProcessor` where torchvision is
-installed). Without either, encoded rows from `flatcollate.vision.tiny_vision_examples` stand in, and the output says
+installed). Without either, encoded rows from `flatcollate.testing.tiny_vision_examples` stand in, and the output says
 so. The model is built from a config (random weights, no download): 2 text layers of width 64 over the tokenizer's
 vocabulary, 1 vision layer.
 `prepare_model_for_flattening` gives its language model the packed backend and multimodal positions per sequence;
@@ -39,15 +39,9 @@ from transformers import (
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.data import make_supervised_dataset
-from flatcollate.models.vision import tiny_vision_config
 from flatcollate.profiles import padded_fill
-from flatcollate.vision import (
-    VisionDataCollatorWithFlattening,
-    images_only,
-    load_processor,
-    tiny_vision_examples,
-    tiny_vision_lm,
-)
+from flatcollate.testing.tiny_vision import tiny_vision_config, tiny_vision_examples, tiny_vision_lm
+from flatcollate.vision import VisionDataCollatorWithFlattening, images_only, load_processor
 
 DEFAULT_SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # what the chat template writes for each image part

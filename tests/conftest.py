@@ -1,7 +1,8 @@
-"""Shared fixtures: the real data beside the checkout (`../shared/data`), skipped cleanly where it is absent, and
-`no_run` for the `flatcollate bench` command line."""
+"""Shared fixtures: the real data beside the checkout (`../shared/data`), skipped cleanly where it is absent,
+`no_run` for the `flatcollate bench` command line and `without_matplotlib`."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,15 @@ def no_run(monkeypatch):
         raise AssertionError("the benchmark ran despite a usage error")
 
     monkeypatch.setattr(harness, "run_bench", refuse)
+
+
+@pytest.fixture
+def without_matplotlib(monkeypatch):
+    """An environment without the `bench` extra: matplotlib and its modules do not import, the bench's plots are not
+    loaded."""
+    for name in ["matplotlib", *(name for name in sys.modules if name.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)
+    import flatcollate.bench
+
+    monkeypatch.delitem(sys.modules, "flatcollate.bench.plots", raising=False)
+    monkeypatch.delattr(flatcollate.bench, "plots", raising=False)

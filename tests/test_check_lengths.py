@@ -5,7 +5,7 @@ import pytest
 from flatcollate.attention import dispatch
 from flatcollate.check import check_model
 from flatcollate.check.lengths import SHRUNK_WINDOW, plan_check
-from flatcollate.models import tiny_config
+from flatcollate.testing import tiny_config
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from flatcollate.check import check_model
 from flatcollate.check import cli as check_cli
 from flatcollate.check.tasks import TASKS
 from flatcollate.cli import main
-from flatcollate.models import vision as tiny
+from flatcollate.testing import tiny_vision as tiny
 
 
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "jamba"])

@@ -9,8 +9,8 @@ import torch
 from flatcollate.check import check_model
 from flatcollate.check.vision import image_text_model_type, not_built_reason
 from flatcollate.cli import main
-from flatcollate.models import vision as tiny
-from flatcollate.models.vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_lm
+from flatcollate.testing import tiny_vision as tiny
+from flatcollate.testing.tiny_vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_lm
 
 TOL = 1e-5
 

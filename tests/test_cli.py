@@ -244,6 +244,12 @@ def test_bench_cuda_without_cuda(capsys, no_run, tmp_path):
     _assert_usage_error(code, err, "--device cuda", "CUDA")
 
 
+def test_bench_without_matplotlib_says_what_to_install(capsys, no_run, tmp_path, without_matplotlib):
+    """matplotlib is the `bench` extra, not a dependency: without it the bench refuses to start, in one line."""
+    code, _, err = _run(capsys, "bench", "--out-dir", str(tmp_path))
+    _assert_usage_error(code, err, "matplotlib", 'pip install "flatcollate[bench]"')
+
+
 def test_bench_out_dir_is_checked_before_the_run(capsys, no_run, tmp_path):
     a_file = tmp_path / "report.txt"
     a_file.write_text("")

@@ -16,8 +16,11 @@ ROOT = Path(__file__).parents[1] / "flatcollate"
 MAX_LINES = 300
 # Old paths of moved modules: gone (one name for one thing), not forwarding.
 OLD_PATHS = (
+    "flatcollate.attention.reference_flash_attn",
+    "flatcollate.attention.reference_kernels",
     "flatcollate.check_cli",
     "flatcollate.check_lengths",
+    "flatcollate.models",
     "flatcollate.vision.check",
     "flatcollate.vision.composite",
     "flatcollate.vision.positions",
@@ -27,7 +30,8 @@ OLD_PATHS = (
 )
 # Image-text modules; every other module of these packages is text and may not import them.
 IMAGE_TEXT = re.compile(
-    r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images)|models\.vision.*|check\.vision|bench\.tasks\.vision|synthetic\.images)$"
+    r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images)|testing\.(tiny_vision|vision_\w+)|check\.vision"
+    r"|bench\.tasks\.vision|synthetic\.images)$"
 )
 TEXT_PACKAGES = (
     "attention",
@@ -38,10 +42,10 @@ TEXT_PACKAGES = (
     "parallel",
     "streaming",
     "training",
-    "models",
+    "testing",
 )
 # Where text and image-text meet: the entry points that pick one or the other.
-COMPOSITION = {"flatcollate.data", "flatcollate.data.encoders", "flatcollate.models"}
+COMPOSITION = {"flatcollate.data", "flatcollate.data.encoders", "flatcollate.testing"}
 
 
 def module_name(path: Path) -> str:
@@ -164,6 +168,14 @@ def test_text_modules_never_import_image_text_modules():
         if IMAGE_TEXT.match(target)
     ]
     assert wrong == []
+
+
+def test_only_the_check_and_the_benchmarks_import_the_testing_package():
+    """Tiny models and reference kernels serve the tests, `flatcollate check` and the benchmarks (with the synthetic
+    data they draw); nothing that trains imports them."""
+    edges, _ = graph()
+    users = {package_of(name) for name, targets in edges.items() if any(package_of(t) == "testing" for t in targets)}
+    assert users - {"testing"} <= {"check", "bench", "synthetic"}
 
 
 @pytest.mark.parametrize("package", sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()))

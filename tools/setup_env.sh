@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Creates .venv with the CPU build of PyTorch and flatcollate (editable) with its test extras, at tested versions.
+# Creates .venv with the CPU build of PyTorch and flatcollate (editable) with its bench and test extras, at tested
+# versions.
 #
 # Another torch build (e.g. CUDA): set TORCH_SPEC (a pip requirement, default torch==2.13.0) and/or TORCH_INDEX_URL
 # (the index it comes from); the torch pin of tools/constraints.txt is then left out, so it cannot clash:
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash tools/setup_env.sh
 #   TORCH_SPEC="torch>=2.6" bash tools/setup_env.sh
-# EXTRAS picks the extras installed with flatcollate (default test).
+# EXTRAS picks the extras installed with flatcollate (default bench,test: the benchmark's plots, what the tests need).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10) and "flatcollate needs Python >= 3.10")'
@@ -17,6 +18,6 @@ if [[ -n "${TORCH_SPEC:-}${TORCH_INDEX_URL:-}" ]]; then
     constraints=$(mktemp)
     grep -v '^torch==' tools/constraints.txt > "$constraints"
 fi
-.venv/bin/python -m pip install -q -c "$constraints" -e ".[${EXTRAS:-test}]"
+.venv/bin/python -m pip install -q -c "$constraints" -e ".[${EXTRAS:-bench,test}]"
 .venv/bin/python -c "import flatcollate, torch, transformers; print('flatcollate', flatcollate.__version__, \
 '| torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -47,9 +47,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from flatcollate import DataCollatorWithFlattening, TokenBudgetBatchSampler, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.streaming import StreamingPacker
 from flatcollate.synthetic import synthetic_rows
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import count_items, global_num_items, normalized_loss
 
 # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated: a warning at every loader that

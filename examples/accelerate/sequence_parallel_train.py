@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 
-from flatcollate.models import tiny_causal_lm
 from flatcollate.parallel import (
     DataCollatorForSequenceParallel,
     count_shifted_items,
@@ -33,6 +32,7 @@ from flatcollate.parallel import (
     sequence_parallel_mesh,
 )
 from flatcollate.synthetic import synthetic_rows
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import global_num_items
 
 

@@ -24,9 +24,9 @@ from accelerate import Accelerator
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.streaming import StreamingPacker
 from flatcollate.synthetic import synthetic_rows
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import count_items, global_num_items, normalized_loss
 
 # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated: a warning at every loader that

@@ -6,7 +6,7 @@ Each public name is imported from its module on first use, so the `flatcollate b
 preference tasks import `integrations` (and so trl) only inside the worker that trains.
 
 Imports from flatcollate: `flatcollate` (its collator), `_conventions`, `_lazy`, `cli`, `attention`, `data`,
-`modeling`, `models`, `vision`, `check`, `integrations`, `synthetic`, `profiles`.
+`modeling`, `testing`, `vision`, `check`, `integrations`, `synthetic`, `profiles`.
 """
 
 from .._lazy import lazy_exports

@@ -20,7 +20,7 @@ from ..cli import HelpFormatter, UsageError, non_negative_int, positive_float, p
 # check and run a command, so `flatcollate bench --help` answers at once.
 from ..profiles.names import available_pair_profiles, available_profiles
 from .config import MAX_IMAGES, NON_NEGATIVE, OPTIONAL_POSITIVE, POSITIVE, PairBenchConfig, SFTBenchConfig
-from .options import check_writable
+from .options import check_plotting, check_writable
 from .tasks import task_names
 
 FIXED_FIELDS = ("model_overrides", "tiny")
@@ -175,9 +175,9 @@ def command_line(task, config, out_dir: str | Path) -> str:
 
 def validate(task, config, out_dir: str | Path | None) -> None:
     """Raise `UsageError` for what would fail or mislead later, before any training: a field no benchmark takes, an
-    unknown model, a `--set` value the model's config cannot take (`flatcollate.models.check_overrides`), CUDA that is
+    unknown model, a `--set` value the model's config cannot take (`flatcollate.testing.check_overrides`), CUDA that is
     not there, what the task itself checks (`Task.validate`: profile, backend, memory, trl...), an output
-    folder that cannot be written."""
+    folder that cannot be written, no matplotlib for the report's plots (the `bench` extra)."""
     import torch
 
     from ..check.options import validate_model_argument
@@ -202,6 +202,7 @@ def validate(task, config, out_dir: str | Path | None) -> None:
     task.validate(config)
     if out_dir is not None:
         check_writable(Path(out_dir))
+        check_plotting()
 
 
 def run_and_report(task, config, out_dir: str | Path, *, progress: bool) -> dict:

@@ -69,7 +69,7 @@ class ModelBenchConfig(BenchConfig):
     model: str = option("llama", "a model_type (llama, qwen2) or a folder with a config.json")
     tiny: bool = option(
         True,
-        "shrink the config with flatcollate.models.tiny_config and apply model_overrides; False (--full-size) keeps "
+        "shrink the config with flatcollate.testing.tiny_config and apply model_overrides; False (--full-size) keeps "
         "the config's own sizes (with model_overrides applied), e.g. a 0.5B Qwen shape on a GPU",
     )
 

@@ -73,7 +73,7 @@ def step_flops(model: torch.nn.Module, *, trained=(), scored=()) -> float:
     of lengths `trained` (forward and backward) and scores sequences of lengths `scored` (a forward without
     gradients: a third of a forward and backward), e.g. DPO's reference pass.
 
-    >>> from flatcollate.models import tiny_causal_lm
+    >>> from flatcollate.testing import tiny_causal_lm
     >>> model = tiny_causal_lm("llama")
     >>> step_flops(model, trained=[3, 1], scored=[3, 1]) == 4 / 3 * step_flops(model, trained=[3, 1])
     True

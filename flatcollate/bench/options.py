@@ -30,6 +30,15 @@ def check_writable(out_dir: Path) -> None:
         raise UsageError(f"--out-dir {out_dir}: cannot write there ({error.strerror or error}).") from None
 
 
+def check_plotting() -> None:
+    """Raise `UsageError` unless the report's plots can be drawn: matplotlib comes with the `bench` extra, not with
+    the library, and a run should not end without its plots."""
+    try:
+        from . import plots  # noqa: F401  (what `write_report` imports: found on the path is not enough)
+    except ModuleNotFoundError as error:
+        raise UsageError(str(error)) from None
+
+
 def check_attn(name: str, device: str) -> None:
     """Raise `UsageError` unless `--attn` names a backend transformers (or flatcollate) registers and whose kernel is
     installed: `auto`, `flatcollate`, `sdpa`, `eager`, `flex_attention` (CUDA), `flash_attention_2/3/4`."""

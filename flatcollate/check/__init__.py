@@ -12,7 +12,7 @@ The check may import every other package of flatcollate (it proves them); none o
 
 Each public name is imported from its module on first use, so `flatcollate check --help` loads no torch.
 
-Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `attention`, `modeling`, `models`, `vision`,
+Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `attention`, `modeling`, `testing`, `vision`,
 `preference`.
 """
 

@@ -135,7 +135,7 @@ def _family_reason(model: str) -> tuple[str, str | None]:
     from transformers import AutoModelForCausalLM
 
     from ..modeling.families import UNSUPPORTED_FAMILIES
-    from ..models import tiny_config
+    from ..testing import tiny_config
 
     config = tiny_config(model)
     model_type = config.model_type

@@ -70,7 +70,7 @@ def plan_check(
         stateful (`bool`): the family has layers that carry state along the row (run once per sequence).
         shrink (`bool`): a window too long to reach may be shrunk (False for a model given as it is).
 
-    >>> from flatcollate.models import tiny_config
+    >>> from flatcollate.testing import tiny_config
     >>> plan_check(tiny_config("mistral", sliding_window=4)).lengths
     (9, 1, 7, 6)
     >>> plan_check(tiny_config("llama")).lengths

@@ -26,7 +26,7 @@ def check_model(
 
     Args:
         model: a `model_type` (`"llama"`), a folder with a `config.json`, a config (each shrunk by
-            `flatcollate.models.tiny_config`), or a model (copied, used at its size in fp32). An image-text-to-text
+            `flatcollate.testing.tiny_config`), or a model (copied, used at its size in fp32). An image-text-to-text
             architecture (qwen2_vl, llava, ...) is checked with images (`flatcollate.check.vision`): its family's
             tiny recipe, examples with 1, 2 and 0 images, fp32 CPU (`lengths`, `overrides`, `device`, `dtype` unset).
         backends (`tuple[str, ...]`): `"sdpa"` and `"eager"` run transformers' own backends with `use_cache=False`

@@ -21,9 +21,9 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICA
 
 from .._conventions import IGNORE_INDEX
 from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, unsupported_reason
-from ..models import tiny_causal_lm, tiny_config
 from ..preference.logprobs import flattened_logprobs
 from ..preference.scores import classifier_parts, prepare_reward_model, sequence_scores
+from ..testing import tiny_causal_lm, tiny_config
 from .lengths import plan_check
 from .report import BackendResult, CheckReport
 from .runs import Outputs, compare_backends, example_alone, gradients

@@ -17,7 +17,7 @@ from ..attention import ATTN_IMPLEMENTATION
 from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from ..modeling import SEGMENTED_MIXERS
 from ..modeling.family_positions import position_start
-from ..models import tiny_causal_lm, tiny_config
+from ..testing import tiny_causal_lm, tiny_config
 from .lengths import plan_check
 from .report import CheckReport, max_diff, max_grad_diff
 from .runs import compare_backends, gradients, token_losses

@@ -33,7 +33,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_
 
 from .._conventions import IGNORE_INDEX, TOKEN_TYPE_FIELDS
 from ..attention import ATTN_IMPLEMENTATION
-from ..models.vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
+from ..testing.tiny_vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
 from ..vision.collate import VisionDataCollatorWithFlattening
 from ..vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift, unused_by_design
 from .report import BackendResult, CheckReport
@@ -135,7 +135,7 @@ def check_vision_model(
         if value is not None:
             raise ValueError(
                 f"{model_type} is an image-text-to-text architecture: `{name}={value}` does not apply, its examples "
-                "come from `flatcollate.vision.tiny_vision_examples` (1, 2 and 0 images) and run in float32 on the "
+                "come from `flatcollate.testing.tiny_vision_examples` (1, 2 and 0 images) and run in float32 on the "
                 f"CPU; leave `{name}` unset."
             )
     reason = not_built_reason(model_type)

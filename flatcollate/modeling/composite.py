@@ -33,7 +33,7 @@ def text_config_key(config: PretrainedConfig) -> str | None:
 def per_sub_config(model: PreTrainedModel, attn_implementation: str) -> str | dict:
     """What to pass to `set_attn_implementation`: the backend for the language model only, on a composite model.
 
-    >>> from flatcollate.models import tiny_causal_lm
+    >>> from flatcollate.testing import tiny_causal_lm
     >>> per_sub_config(tiny_causal_lm("llama"), "flatcollate")
     'flatcollate'
     """

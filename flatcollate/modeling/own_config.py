@@ -20,7 +20,7 @@ def own_config(model: torch.nn.Module, *holders: torch.nn.Module) -> None:
     held by `model`'s modules and by `holders` (a PEFT wrapper's modules).
 
     >>> from transformers import AutoModelForCausalLM
-    >>> from flatcollate.models import tiny_config
+    >>> from flatcollate.testing import tiny_config
     >>> config = tiny_config("llama")
     >>> model = AutoModelForCausalLM.from_config(config)
     >>> own_config(model)

@@ -47,7 +47,7 @@ def prepare_model_for_flattening(
     Returns:
         The same model (the PEFT wrapper where one was given), prepared.
 
-    >>> from flatcollate.models import tiny_causal_lm
+    >>> from flatcollate.testing import tiny_causal_lm
     >>> model = prepare_model_for_flattening(tiny_causal_lm("llama"))
     >>> model.config.use_cache, model.config._attn_implementation
     (True, 'flatcollate')

@@ -43,7 +43,7 @@ def is_prepared(model: torch.nn.Module) -> bool:
     """Whether `model`, or the model a PEFT, DDP/FSDP (`.module`) or `torch.compile` (`._orig_mod`) wrapper holds,
     carries the guard `prepare_model_for_flattening` installs.
 
-    >>> from flatcollate.models import tiny_causal_lm
+    >>> from flatcollate.testing import tiny_causal_lm
     >>> is_prepared(tiny_causal_lm("llama"))
     False
     """

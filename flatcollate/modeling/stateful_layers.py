@@ -186,7 +186,7 @@ def segment_mixers(model: PreTrainedModel) -> int:
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).
 
-    >>> from flatcollate.models import tiny_causal_lm
+    >>> from flatcollate.testing import tiny_causal_lm
     >>> segment_mixers(tiny_causal_lm("mamba"))
     2
     """

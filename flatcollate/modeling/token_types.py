@@ -39,7 +39,7 @@ def token_types_read(model: torch.nn.Module) -> str | None:
         `"mm_token_type_ids"` when the model's `get_rope_index` takes them, `"token_type_ids"` for the image-block
         families of `BLOCK_TOKEN_TYPE`, else None.
 
-    >>> from flatcollate.models.vision import tiny_vision_lm
+    >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
     >>> token_types_read(tiny_vision_lm("qwen2_vl")), token_types_read(tiny_vision_lm("llava"))
     ('mm_token_type_ids', None)
     """

@@ -130,7 +130,7 @@ def sequence_scores(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.T
 
     >>> from transformers import AutoModelForSequenceClassification
     >>> from flatcollate import DataCollatorWithFlattening
-    >>> from flatcollate.models import tiny_config
+    >>> from flatcollate.testing import tiny_config
     >>> config = tiny_config("llama", num_labels=1, pad_token_id=0)
     >>> model = prepare_reward_model(AutoModelForSequenceClassification.from_config(config))
     >>> batch = DataCollatorWithFlattening()([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])

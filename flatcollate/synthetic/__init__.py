@@ -2,7 +2,7 @@
 token ids with an in-memory tokenizer (`rows`), flat sequences drawn at scale (`sequences`), preference pairs as text
 (`pairs`) and, imported from its module, image-text examples (`images`).
 
-Imports from flatcollate: `_conventions`, `profiles`, `models`.
+Imports from flatcollate: `_conventions`, `profiles`, `testing`.
 """
 
 from .pairs import EOS_PER_REPLY, PairDraw, pair_texts, reward_texts, sample_pairs

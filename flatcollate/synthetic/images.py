@@ -22,8 +22,8 @@ from transformers import PreTrainedModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 from .._conventions import IGNORE_INDEX
-from ..models.vision import TEXT_IDS
 from ..profiles.length_profile import LengthProfile
+from ..testing.tiny_vision import TEXT_IDS
 from .sequences import SyntheticSequences, synthetic_sequences
 
 _PROCESSOR = Qwen2VLImageProcessorPil

@@ -1,11 +1,10 @@
 """Padding-free vision-language training: flattened image-text batches, per-sequence multimodal positions, and the
 composite-model handling `prepare_model_for_flattening` applies to image-text-to-text models.
 
-Imports from flatcollate: `_conventions`, `_lazy` (old paths), `collate`, `modeling`, `models`.
+Imports from flatcollate: `_conventions`, `collate`, `modeling`.
 """
 
 from ..modeling.multimodal_positions import multimodal_position_ids
-from ..models.vision import tiny_vision_examples, tiny_vision_lm
 from .collate import VisionDataCollatorWithFlattening
 from .layouts import VisionLayout
 from .processors import images_only, load_processor
@@ -16,6 +15,4 @@ __all__ = [
     "images_only",
     "load_processor",
     "multimodal_position_ids",
-    "tiny_vision_examples",
-    "tiny_vision_lm",
 ]

@@ -83,7 +83,7 @@ def images_reversed(batch: Mapping, layout: VisionLayout) -> dict:
 def image_parameters(model: torch.nn.Module) -> list[str]:
     """Names of the parameters outside the language model and the output head: vision towers and projectors.
 
-    >>> from flatcollate.models.vision import tiny_vision_lm
+    >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
     >>> names = image_parameters(tiny_vision_lm("llava"))
     >>> names[0], any("language_model" in n or "lm_head" in n for n in names)
     ('model.vision_tower.embeddings.class_embedding', False)

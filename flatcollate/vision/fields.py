@@ -32,7 +32,7 @@ RENAMED = {"pixel_values_images": "pixel_values", "image_patches": "pixel_values
 def model_inputs(model: torch.nn.Module) -> frozenset[str] | None:
     """The parameters of `model.forward` (a PEFT wrapper is read through), or None where it takes only `**kwargs`.
 
-    >>> from flatcollate.models.vision import tiny_vision_lm
+    >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
     >>> sorted(model_inputs(tiny_vision_lm("video_llama_3")) & {"image_merge_sizes", "pixel_values", "labels"})
     ['image_merge_sizes', 'labels', 'pixel_values']
     """

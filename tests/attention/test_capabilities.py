@@ -2,7 +2,7 @@
 flash-attn 2, 3 or 4 on the path, with none, and with a flash-attn that fails to load.
 
 Each case is a folder of fake packages put first on `sys.path`. A fake kernel computes with the package's reference
-(`flatcollate.attention.reference_flash_attn`, fp32 on the CPU); a broken one raises at import as a flash-attn built
+(`flatcollate.testing.reference_flash_attn`, fp32 on the CPU); a broken one raises at import as a flash-attn built
 against another torch does. Detection runs again for each case (`importlib.reload(capabilities)`: the code that
 runs at import); the two cases that crashed `import flatcollate` also run in a fresh interpreter.
 """
@@ -21,15 +21,15 @@ import torch
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.attention import capabilities, select_kernel, selection
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 
 def _kernel(builder: str) -> str:
     return textwrap.dedent(f"""
         def flash_attn_varlen_func(*args, **kwargs):
             import torch
-            from flatcollate.attention.reference_flash_attn import {builder}
-            from flatcollate.attention.reference_kernels import KernelContract
+            from flatcollate.testing.reference_flash_attn import {builder}
+            from flatcollate.testing.reference_kernels import KernelContract
             contract = KernelContract(dtypes=(torch.float32,), device_type="cpu")
             return {builder}(contract)(*args, **kwargs)
         """)
@@ -118,7 +118,7 @@ def test_detection_and_a_prepared_model_stay_exact(detect_with, monkeypatch, cas
     assert len([w for w in caught if "cannot be imported" in str(w.message)]) == (1 if broken else 0)
     _on_reference_hopper(monkeypatch)
     if capabilities.varlen_attn is not None:  # on CPU torch's varlen_attn cannot run: its reference stands in
-        from flatcollate.attention.reference_kernels import KernelContract, varlen_attn_like
+        from flatcollate.testing.reference_kernels import KernelContract, varlen_attn_like
 
         contract = KernelContract(dtypes=(torch.float32,), device_type="cpu")
         monkeypatch.setattr(capabilities, "varlen_attn", varlen_attn_like(capabilities.varlen_attn)(contract))
@@ -149,7 +149,7 @@ warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as caught:
     from flatcollate import prepare_model_for_flattening
     from flatcollate.attention import capabilities
-    from flatcollate.models import tiny_causal_lm
+    from flatcollate.testing import tiny_causal_lm
 prepare_model_for_flattening(tiny_causal_lm("llama"))
 print(json.dumps({"detected": capabilities.detected(), "warnings": [str(w.message) for w in caught]}))
 """
@@ -176,7 +176,7 @@ def test_the_hub_kernel_is_read_from_what_transformers_loaded(monkeypatch):
     """transformers keeps the flash implementation it loaded in module globals; a Hub kernel there is dispatched."""
     from transformers import modeling_flash_attention_utils as loaded
 
-    from flatcollate.attention.reference_flash_attn import flash_attn_3_varlen_func
+    from flatcollate.testing.reference_flash_attn import flash_attn_3_varlen_func
 
     hub = flash_attn_3_varlen_func()
     monkeypatch.setattr(loaded, "_loaded_implementation", "kernels-community/vllm-flash-attn3", raising=False)

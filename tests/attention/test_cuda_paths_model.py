@@ -1,5 +1,5 @@
 """Model-level proofs through every CUDA dispatch path, on CPU: each varlen library replaced by its reference
-(`flatcollate.attention.reference_kernels`, `reference_flash_attn`), which computes what the real kernel documents
+(`flatcollate.testing.reference_kernels`, `reference_flash_attn`), which computes what the real kernel documents
 with its real signature and refuses what it refuses (fp16/bf16 relaxed to fp32 here, CUDA relaxed to CPU).
 
 A flattened batch through the prepared model must give the logits, loss and gradients of each sequence run alone
@@ -15,20 +15,20 @@ import torch
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate._conventions import IGNORE_INDEX
 from flatcollate.attention import capabilities, selection, varlen_kernels
-from flatcollate.attention.reference_flash_attn import (
+from flatcollate.check.report import max_grad_diff
+from flatcollate.testing import tiny_causal_lm
+from flatcollate.testing.reference_flash_attn import (
     flash_attn_3_varlen_func,
     flash_attn_4_varlen_func,
     flash_attn_varlen_func,
 )
-from flatcollate.attention.reference_kernels import (
+from flatcollate.testing.reference_kernels import (
     KernelContract,
     varlen_attn,
     varlen_attn_2_10,
     varlen_attn_2_11,
     varlen_attn_like,
 )
-from flatcollate.check.report import max_grad_diff
-from flatcollate.models import tiny_causal_lm
 
 LENGTHS = [11, 1, 6, 17, 3]
 HEAD_DIM = 32  # flash-attn-4 trains head dims that are multiples of 32 only (`features.wrong_gradients`)

@@ -9,7 +9,7 @@ import torch
 from flatcollate.attention import capabilities, packed_attention_forward, packed_segments, select_kernel
 from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [6, 1, 9]
 

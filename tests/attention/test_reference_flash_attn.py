@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.attention.reference_flash_attn import (
+from flatcollate.testing.reference_flash_attn import (
     flash_attn_3_varlen_func,
     flash_attn_4_varlen_func,
     flash_attn_varlen_func,
 )
-from flatcollate.attention.reference_kernels import KernelContract, varlen_attn_2_10, varlen_attn_2_11
+from flatcollate.testing.reference_kernels import KernelContract, varlen_attn_2_10, varlen_attn_2_11
 
 CPU_FP32 = KernelContract(dtypes=(torch.float32,), device_type="cpu")
 CAUSAL = np.tril(np.ones((5, 5), int)).tolist()

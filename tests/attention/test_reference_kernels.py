@@ -8,9 +8,9 @@ import torch
 from flatcollate.attention import PackedSegments, capabilities
 from flatcollate.attention.features import wrong_gradients
 from flatcollate.attention.kernels import sdpa_kernel
-from flatcollate.attention.reference_flash_attn import flash_attn_4_varlen_func, flash_attn_varlen_func
-from flatcollate.attention.reference_kernels import KernelContract, varlen_attn, varlen_attn_like
 from flatcollate.boundaries import lengths_to_cu_seqlens
+from flatcollate.testing.reference_flash_attn import flash_attn_4_varlen_func, flash_attn_varlen_func
+from flatcollate.testing.reference_kernels import KernelContract, varlen_attn, varlen_attn_like
 
 CPU_FP32 = KernelContract(dtypes=(torch.float32,), device_type="cpu")
 

@@ -7,8 +7,8 @@ import torch
 
 from flatcollate.attention import PackedSegments, length_batches
 from flatcollate.attention.kernels import sdpa_kernel
-from flatcollate.attention.reference_kernels import varlen_attention
 from flatcollate.boundaries import lengths_to_cu_seqlens
+from flatcollate.testing.reference_kernels import varlen_attention
 
 DENSE = {
     "equal": [16, 16, 16, 16],

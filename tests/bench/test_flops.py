@@ -8,7 +8,7 @@ from flatcollate.bench import timing
 from flatcollate.bench.build import build_on_device, model_config
 from flatcollate.bench.config import SFTBenchConfig
 from flatcollate.bench.flops import attention_width, linear_parameters, mfu, peak_flops, training_flops
-from flatcollate.models import tiny_config
+from flatcollate.testing import tiny_config
 
 
 def test_training_flops_of_a_tiny_llama_by_hand():

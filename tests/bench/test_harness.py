@@ -274,3 +274,12 @@ def test_the_gpu_validation_script_quotes_the_headline_not_the_file_list(toy, tm
     files_only = tmp_path / "files.log"  # negative control: a log without a headline shows none
     files_only.write_text("".join(line + "\n" for line in log.read_text().splitlines() if line.startswith("wrote")))
     assert headline_of(files_only) == ""
+
+
+def test_the_report_without_matplotlib_names_the_bench_extra(without_matplotlib, tmp_path):
+    """The plots need matplotlib, the `bench` extra; the rest of the report does not."""
+    with pytest.raises(ModuleNotFoundError) as error:
+        write_report({}, tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and message.endswith('pip install "flatcollate[bench]"'), message
+    assert message.startswith("flatcollate bench draws its plots with matplotlib"), message

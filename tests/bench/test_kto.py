@@ -20,7 +20,7 @@ trl = pytest.importorskip("trl")
 def test_the_examples_are_what_kto_trainer_tokenizes_and_rotates(tmp_path):
     """TRL's own dataset preparation (tokenized prompt, completion with its eos, KL completion rotated within each
     batch) gives `unpaired_lengths`, batch by batch; rotating over the whole dataset instead is caught (control)."""
-    from flatcollate.models import tiny_causal_lm
+    from flatcollate.testing import tiny_causal_lm
 
     draw = draw_pairs(PairBenchConfig(max_length=256, steps=2, warmup_steps=1, batch_size=2))
     rows = [

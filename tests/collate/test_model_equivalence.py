@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [7, 1, 23, 12, 2]
 TOL = 1e-5

@@ -151,7 +151,7 @@ def test_position_ids_restart_at_every_packed_sequence():
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     """A `transformers.Trainer` with its defaults (`remove_unused_columns=True`) around a tiny Llama."""
-    from flatcollate.models import tiny_causal_lm
+    from flatcollate.testing import tiny_causal_lm
 
     args = transformers.TrainingArguments(output_dir=str(tmp_path_factory.mktemp("trainer")), report_to=[])
     return transformers.Trainer(model=tiny_causal_lm("llama"), args=args)

@@ -85,7 +85,7 @@ def test_dart_names(gpt2, gsm8k_rows, capsys):
 
 def test_tiny_model_sees_the_same_per_sequence_losses_packed_and_unpacked(gpt2, gsm8k_rows):
     from flatcollate import DataCollatorWithFlattening
-    from flatcollate.models import tiny_causal_lm
+    from flatcollate.testing import tiny_causal_lm
 
     torch.manual_seed(0)
     model = tiny_causal_lm("llama", vocab_size=len(gpt2), attn_implementation="sdpa").eval()

@@ -9,9 +9,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from flatcollate import prepare_model_for_sequence_parallel
-from flatcollate.models import tiny_causal_lm
-from flatcollate.models.vision import tiny_vision_lm
 from flatcollate.parallel import sequence_parallel_mesh
+from flatcollate.testing import tiny_causal_lm
+from flatcollate.testing.tiny_vision import tiny_vision_lm
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs the gloo backend")
 

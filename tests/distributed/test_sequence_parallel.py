@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_rows
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import count_items, normalized_loss
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "sequence_parallel_train.py"

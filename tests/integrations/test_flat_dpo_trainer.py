@@ -10,8 +10,8 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from flatcollate.integrations.trl import FlatDPOTrainer
-from flatcollate.models import tiny_causal_lm
 from flatcollate.preference import DataCollatorForPreference
+from flatcollate.testing import tiny_causal_lm
 
 trl = pytest.importorskip("trl")
 dpo_trainer_module = pytest.importorskip("trl.trainer.dpo_trainer")

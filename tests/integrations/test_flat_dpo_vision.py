@@ -34,8 +34,8 @@ from transformers import (
 )
 
 from flatcollate.integrations.trl import FlatDPOTrainer
-from flatcollate.models.vision import WEIGHT_NOISE, tiny_vision_config, tiny_vision_lm
 from flatcollate.preference import VisionDataCollatorForPreference
+from flatcollate.testing.tiny_vision import WEIGHT_NOISE, tiny_vision_config, tiny_vision_lm
 from flatcollate.vision import images_only
 
 trl = pytest.importorskip("trl")

@@ -12,8 +12,8 @@ from datasets import Dataset
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.integrations.trl.grpo import CompletionRows
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import offline_tokenizer
+from flatcollate.testing import tiny_causal_lm
 
 trl = pytest.importorskip("trl")
 TOL = 1e-5
@@ -140,9 +140,13 @@ def one_step(trainer_class, tmp, tokenizer=None, prompts=None, **options):
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"beta": 0.1}, {"beta": 0.1, "steps_per_generation": 2}], ids=["policy", "reference", "old_policy"]
+    "options",
+    [{}, {"beta": 0.1}, {"beta": 0.1, "steps_per_generation": 2}, {"cache_implementation": "static"}],
+    ids=["policy", "reference", "old_policy", "static_cache"],
 )
 def test_one_step_equals_grpo_trainer(options):
+    """`cache_implementation="static"` generates the completions with a static cache: left-padded prompts numbered
+    from their first real token and a 4-D mask, which the prepared policy runs as the unprepared one does."""
     from flatcollate.integrations.trl import FlatGRPOTrainer
 
     with tempfile.TemporaryDirectory() as tmp:

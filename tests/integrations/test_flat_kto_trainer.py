@@ -12,8 +12,8 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from flatcollate.integrations.trl import FlatKTOTrainer
-from flatcollate.models import tiny_causal_lm
 from flatcollate.preference import DataCollatorForUnpairedPreference
+from flatcollate.testing import tiny_causal_lm
 
 trl = pytest.importorskip("trl")
 TOL = 1e-5

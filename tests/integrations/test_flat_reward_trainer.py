@@ -19,8 +19,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from trl import RewardConfig, RewardTrainer
 
 from flatcollate.integrations.trl import FlatRewardTrainer
-from flatcollate.models import tiny_config
 from flatcollate.preference import DataCollatorForRewardPairs
+from flatcollate.testing import tiny_config
 
 peft = pytest.importorskip("peft")
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
 from flatcollate.integrations.trl import FlatSFTTrainer
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 PROMPTS = ["The capital of France is", "Two plus two equals", "Name a colour:", "Write a haiku about rain.", "Hi", "Q?"]
 COMPLETIONS = [" Paris.", " four, of course.", " blue", " Drops on the window\nsoft grey hum", " Hello!", " A."]

@@ -13,7 +13,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from flatcollate import DataCollatorWithFlattening, pack_dataset, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 
 class RecordingCollator(DataCollatorWithFlattening):

@@ -12,8 +12,8 @@ from trl import SFTConfig, SFTTrainer
 
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.integrations.trl import FlatSFTTrainer
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_sft_dataset
+from flatcollate.testing import tiny_causal_lm
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

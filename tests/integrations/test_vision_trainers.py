@@ -33,7 +33,7 @@ from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from flatcollate.check.vision import exact_within
 from flatcollate.integrations.trl import FlatSFTTrainer
-from flatcollate.models.vision import VOCAB_SIZE, tiny_vision_examples, tiny_vision_lm
+from flatcollate.testing.tiny_vision import VOCAB_SIZE, tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
 from ..data.test_vision_encode import ImageOnlyQwen2VLProcessor

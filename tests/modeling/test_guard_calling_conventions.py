@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [6, 1, 9, 3]
 

@@ -11,7 +11,7 @@ import torch
 
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [6, 1, 9, 3]
 

@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_config
+from flatcollate.testing import tiny_config
 
 LENGTHS = [5, 1, 8, 3]
 NUM_LABELS = 3

@@ -7,7 +7,7 @@ import torch
 
 from flatcollate.check.text import flattened_inputs
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = (5, 1, 8)
 

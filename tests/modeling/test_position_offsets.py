@@ -12,7 +12,7 @@ import torch
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.check import check_model
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 FAMILIES = ["roberta", "roberta-prelayernorm", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text"]
 LENGTHS = [5, 1, 8, 3]

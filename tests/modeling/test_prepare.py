@@ -9,7 +9,7 @@ import torch
 from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from flatcollate.modeling import guard as guard_module
 from flatcollate.modeling import install_guard, prepare_model_for_flattening, unsupported_reason
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [5, 1, 9, 3]
 
@@ -51,15 +51,18 @@ def test_flattened_batch_matches_each_sequence_alone(model):
     torch.testing.assert_close(flat, alone, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("with_kwargs", [True, False], ids=["cu_seq_lens", "position_ids_only"])
 @pytest.mark.parametrize(
-    ("bad", "words"),
+    ("bad", "words", "with_kwargs"),
     [
-        ({"attention_mask": "ones"}, "attention_mask"),
-        ({"use_cache": True}, "use_cache=True"),
+        ({"attention_mask": "ones"}, "attention_mask", True),
+        ({"use_cache": True}, "use_cache=True", True),
+        ({"use_cache": True}, "use_cache=True", False),
     ],
+    ids=["cu_seq_lens-attention_mask", "cu_seq_lens-use_cache", "position_ids_only-use_cache"],
 )
 def test_guard_refuses_known_bad_setups(model, bad, words, with_kwargs):
+    """Boundaries with a mask or a cache, and restarting positions with `use_cache=True`; restarting positions with a
+    mask and no boundaries are an ordinary batch (`test_guard_ordinary_batches`)."""
     batch = flattened_batch(LENGTHS)
     if not with_kwargs:
         batch = {k: batch[k] for k in ("input_ids", "position_ids")}

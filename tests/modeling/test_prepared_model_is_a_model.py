@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 FAMILIES = [("llama", {}), ("gemma2", {"sliding_window": 4}), ("mistral", {"sliding_window": 3})]
 

@@ -5,7 +5,7 @@ import pytest
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.check import check_model
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 LIMITED = {
     "mpt": "max_seq_len",

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm, tiny_config
+from flatcollate.testing import tiny_causal_lm, tiny_config
 
 
 def _batch(vocab: int = 200):

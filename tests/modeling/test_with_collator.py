@@ -8,7 +8,7 @@ import torch
 from flatcollate import DataCollatorWithFlattening
 from flatcollate._conventions import IGNORE_INDEX
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 
 @pytest.mark.parametrize(("family", "overrides"), [("qwen2", {}), ("mistral", {"sliding_window": 3})])

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.preference import DataCollatorForPreference, sequence_logprobs
+from flatcollate.testing import tiny_causal_lm
 
 TOL = 1e-5
 LENGTHS = (9, 1, 6, 12)

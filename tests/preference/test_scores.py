@@ -13,9 +13,9 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm, tiny_config
 from flatcollate.preference import sequence_scores
 from flatcollate.preference.scores import pooled_indices, prepare_reward_model
+from flatcollate.testing import tiny_causal_lm, tiny_config
 
 FAMILIES = ["llama", "qwen2", "mistral", "gemma"]
 LENGTHS = [5, 1, 8, 3, 12, 2]  # a length-1 sequence and uneven neighbours

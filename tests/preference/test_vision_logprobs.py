@@ -21,8 +21,8 @@ import torch
 
 from flatcollate import prepare_model_for_flattening, sequence_logprobs
 from flatcollate._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from flatcollate.models.vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.preference import logprobs
+from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
 TOL = 1e-5

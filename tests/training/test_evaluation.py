@@ -16,8 +16,8 @@ from transformers import DataCollatorForSeq2Seq, Trainer, TrainingArguments
 from transformers.trainer_pt_utils import nested_concat
 
 from flatcollate import IGNORE_INDEX, DataCollatorWithFlattening, prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import offline_tokenizer, synthetic_sft_dataset
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import split_flattened_predictions
 
 NUM_EXAMPLES = 11  # a multiple of no eval batch size below: the last batch is short

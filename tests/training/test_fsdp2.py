@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from flatcollate import prepare_model_for_flattening
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_rows
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import count_items, normalized_loss
 
 from .launch import free_port, needs_gloo
@@ -79,7 +79,7 @@ def test_fsdp2_two_processes_match_one_process_on_the_same_global_batches(tmp_pa
 PLUGIN_PROBE = """
 import torch
 from accelerate import Accelerator, FullyShardedDataParallelPlugin
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 
 accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
 model = tiny_causal_lm("llama")

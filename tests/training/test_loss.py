@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.models import tiny_causal_lm
+from flatcollate.testing import tiny_causal_lm
 from flatcollate.training import count_items, normalized_loss, sequence_loss_terms, token_loss_terms
 
 COLLATE = DataCollatorWithFlattening()

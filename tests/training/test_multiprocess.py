@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from flatcollate.models import tiny_causal_lm
 from flatcollate.synthetic import synthetic_rows
+from flatcollate.testing import tiny_causal_lm
 
 from .launch import free_port, needs_gloo
 from .launch import load_script as load_script_at

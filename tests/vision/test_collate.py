@@ -145,7 +145,7 @@ def test_row_padding_is_text_typed():
 
 
 def test_from_model_reads_the_family_layout():
-    from flatcollate.models.vision import tiny_vision_lm
+    from flatcollate.testing.tiny_vision import tiny_vision_lm
 
     model = tiny_vision_lm("qwen2_vl")
     collator = VisionDataCollatorWithFlattening.from_model(model)
@@ -180,7 +180,7 @@ def test_image_merge_sizes_are_carried_in_example_order():
 
 def test_video_llama_3_flattened_with_its_merge_sizes_equals_each_example_alone():
     from flatcollate import prepare_model_for_flattening
-    from flatcollate.models.vision import tiny_vision_examples, tiny_vision_lm
+    from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 
     model = tiny_vision_lm("video_llama_3").eval()
     examples = tiny_vision_examples(model, count=3, seed=1, images=(1, 2, 0))
@@ -197,7 +197,7 @@ def test_video_llama_3_flattened_with_its_merge_sizes_equals_each_example_alone(
 def test_a_field_the_model_takes_but_the_collator_cannot_place_is_refused():
     """Granite Docling's `tile_fine_mask` switches the whole batch to the fine path; left out, the model would run the
     coarse one. A deprecated name of a vision field would leave the images out."""
-    from flatcollate.models.vision import tiny_vision_examples, tiny_vision_lm
+    from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 
     model = tiny_vision_lm("granite_docling")
     (first,) = tiny_vision_examples(model, count=1, seed=0, images=(1,))
@@ -216,7 +216,7 @@ def test_a_field_the_model_takes_but_the_collator_cannot_place_is_refused():
 def test_an_unknown_array_field_is_refused_and_metadata_is_left_out():
     """Without the model's forward to ask, an array the collator does not know is refused; with it, a field the model
     does not take (an id, a source name) is left out, as the text collators leave it out."""
-    from flatcollate.models.vision import tiny_vision_lm
+    from flatcollate.testing.tiny_vision import tiny_vision_lm
 
     example = {"input_ids": [IMG, 1], "pixel_values": torch.zeros(1, 3, 2, 2)}
     with pytest.raises(

@@ -10,8 +10,8 @@ import torch
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import TOKEN_TYPE_FIELDS
-from flatcollate.models.vision import FAMILIES, tiny_vision_examples, tiny_vision_lm
-from flatcollate.models.vision_recipes import image_id
+from flatcollate.testing.tiny_vision import FAMILIES, tiny_vision_examples, tiny_vision_lm
+from flatcollate.testing.vision_recipes import image_id
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.layouts import VisionLayout, expected_placeholders
 
@@ -137,7 +137,7 @@ def test_images_without_the_field_their_family_counts_from_are_refused():
 def test_onevision_counts_follow_batch_num_images():
     """The OneVision processor's `batch_num_images`: an image of an example with several images is not tiled (its base
     crop and one newline); alone in its example it is. The rule gives what the model's own features give, both ways."""
-    from flatcollate.models.vision import image_feature_count
+    from flatcollate.testing.tiny_vision import image_feature_count
 
     model = _model("llava_onevision")
     side = model.config.vision_config.image_size

@@ -13,7 +13,7 @@ import torch
 from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import TOKEN_TYPE_FIELDS
 from flatcollate.check.vision import exact_within
-from flatcollate.models.vision import tiny_vision_examples, tiny_vision_lm
+from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift
 

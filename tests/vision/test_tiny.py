@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-from flatcollate.models import tiny_config
-from flatcollate.models.vision import (
+from flatcollate.testing import tiny_config
+from flatcollate.testing.tiny_vision import (
     FAMILIES,
     LAYOUT_BASE,
     SPECIAL_BASE,

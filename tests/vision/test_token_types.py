@@ -10,7 +10,7 @@ from transformers import AutoModelForImageTextToText
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.modeling.token_types import check_token_types, token_types_read
-from flatcollate.models.vision import FAMILIES, tiny_vision_config, tiny_vision_examples, tiny_vision_lm
+from flatcollate.testing.tiny_vision import FAMILIES, tiny_vision_config, tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
 MM_FAMILIES = [

@@ -127,7 +127,7 @@ class FlatSFTTrainer(SFTTrainer):
 def is_image_text_model(model: Any) -> bool:
     """Whether `model` (a model, or a PEFT wrapper of one) has a vision tower, i.e. a config with a `vision_config`.
 
-    >>> from flatcollate.vision import tiny_vision_lm
+    >>> from flatcollate.testing import tiny_vision_lm
     >>> is_image_text_model(tiny_vision_lm("llava")), is_image_text_model("org/model-name")
     (True, False)
     """

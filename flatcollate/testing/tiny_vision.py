@@ -18,7 +18,7 @@ import re
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
-from .text import tiny_config
+from .tiny_text import tiny_config
 from .vision_blocks import image_id, image_token_types
 from .vision_recipes import FAMILIES
 

@@ -2,7 +2,7 @@
 
 A pixel function `(model, size, generator)` returns the vision fields a family's processor gives for one image of
 `size` (pixels, patches or tiles, as the function reads it); a merge function joins the fields of an example's images.
-The recipes of `flatcollate.models.vision_recipes` pick one of each per family.
+The recipes of `flatcollate.testing.vision_recipes` pick one of each per family.
 """
 
 import torch

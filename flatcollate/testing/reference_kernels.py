@@ -5,7 +5,7 @@ state, computed by a readable loop over sequences in float64 (`varlen_attention`
 `flatcollate.attention.capabilities` detected, a stand-in lets CPU tests check the arguments flatcollate passes by
 what they *mean* (window, causal flag, scale, softcap, sinks, GQA), not only by name. Here: PyTorch's
 `torch.nn.attention.varlen.varlen_attn` in each of its signatures (`varlen_attn` for 2.12+, `varlen_attn_2_11`,
-`varlen_attn_2_10`); flash-attn 2, 3 and 4 are in `flatcollate.attention.reference_flash_attn`.
+`varlen_attn_2_10`); flash-attn 2, 3 and 4 are in `flatcollate.testing.reference_flash_attn`.
 
 Before computing, each checks the preconditions of the real kernel and raises `RuntimeError` (the kernels'
 `TORCH_CHECK`s raise it) on a violation: dtype fp16/bf16, one CUDA device for all tensors (including

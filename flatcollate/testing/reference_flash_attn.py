@@ -1,6 +1,6 @@
 """Slow references of flash-attn's varlen kernels, versions 2, 3 and 4, with their real signatures and refusals.
 
-Built like `flatcollate.attention.reference_kernels` (whose `KernelContract`, input checks and `varlen_attention`
+Built like `flatcollate.testing.reference_kernels` (whose `KernelContract`, input checks and `varlen_attention`
 they share), each read from flash-attention's source:
 
 - FA2 `flash_attn.flash_attn_varlen_func` (`flash_attn/flash_attn_interface.py`, `csrc/flash_attn/flash_api.cpp`);
@@ -11,7 +11,7 @@ they share), each read from flash-attention's source:
   attention sinks as `learnable_sink` `(H,)`, no dropout; always returns `(out, lse)`.
 
 >>> import torch
->>> from flatcollate.attention.reference_kernels import KernelContract
+>>> from flatcollate.testing.reference_kernels import KernelContract
 >>> contract = KernelContract(dtypes=(torch.float32,), device_type="cpu")
 >>> q = k = v = torch.ones(5, 2, 8)
 >>> cu = torch.tensor([0, 2, 5], dtype=torch.int32)

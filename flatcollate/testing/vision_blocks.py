@@ -2,7 +2,7 @@
 
 A block function `(config, ids, count, fields, size)` returns the token ids a family's processor lays out for one
 image of `count` features (`ids`: the layout tokens by name); a token-type function `(is_image, answer_length)` returns
-an example's `token_type_ids`. The recipes of `flatcollate.models.vision_recipes` pick them per family.
+an example's `token_type_ids`. The recipes of `flatcollate.testing.vision_recipes` pick them per family.
 """
 
 import torch
