@@ -137,6 +137,17 @@ def _capability(index: int | None) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def shared_memory_per_block(tensor: torch.Tensor) -> int:
+    """Bytes of shared memory a block of the CUDA device of `tensor` may opt into (164 KB on an A100, 99 KB on
+    sm86/sm89/sm120, 227 KB on H100 and B200): what flash-attn 2 picks its backward kernels by; tests patch it."""
+    return _shared_memory(tensor.device.index)
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_memory(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
 def detected() -> dict[str, object]:
     """What this process can run, for reports: each varlen library (the module its function comes from, or None),
     the Hub kernel transformers loaded, the optional parameters of `varlen_attn`, flex's FLASH backend, CUDA, and the

@@ -20,7 +20,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .bidirectional_blocks import BLOCKS_KEY, block_kernel
 from .compiled_sdpa import compiled_sdpa_kernel
 from .packed_segments import segments_from_kwargs, split_into_chunks, with_row_boundaries
-from .selection import KERNELS, select_kernel
+from .selection import KERNELS, forced_kernel, select_kernel
 
 ATTN_IMPLEMENTATION = "flatcollate"
 """Name to pass as `attn_implementation=` (or to `model.set_attn_implementation`)."""
@@ -72,12 +72,11 @@ def packed_attention_forward(
         segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
         out = block_kernel(q, k, v, segments, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
         return out.reshape(batch, length, heads, value.shape[-1]), None
-    if backend == "auto":
-        name = select_kernel(q, softcap=softcap, dropout=dropout, sinks=sinks is not None, window=window, scale=scale)
-    else:
-        name = backend
-    if name not in KERNELS:
-        raise ValueError(f"Unknown packed attention backend {name!r}; choose `auto` or one of {sorted(KERNELS)}.")
+    if backend != "auto" and backend not in KERNELS:
+        raise ValueError(f"Unknown packed attention backend {backend!r}; choose `auto` or one of {sorted(KERNELS)}.")
+    options = {"softcap": softcap, "dropout": dropout, "sinks": sinks is not None, "window": window, "scale": scale}
+    options["value_head_dim"] = v.shape[-1]
+    name = select_kernel(q, **options) if backend == "auto" else forced_kernel(backend, q, **options)
     if name == "sdpa" and torch.compiler.is_compiling():  # one opaque node: no graph break, no plan baked in
         options = {"scale": scale, "window": window, "softcap": softcap, "dropout": dropout, "sinks": sinks}
         out = compiled_sdpa_kernel(q, k, v, kwargs, chunk=chunk, **options)

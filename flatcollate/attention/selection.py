@@ -9,7 +9,7 @@ so the order is about speed only. The order by device (`capabilities.compute_cap
     older GPUs                                                                        flex  sdpa
     CPU                                                                                     sdpa
 
-What a kernel needs besides being installed (`refusal` says it in words):
+What a kernel needs besides being installed (`refusal` says it in words; D is the query's head dim, Dv the value's):
 
     kernel         dtype       head dim D                     dropout  soft-cap  sinks  window
     flash_attn_4   fp16/bf16   32-256, multiple of 32         no       yes       yes    yes
@@ -22,10 +22,26 @@ What a kernel needs besides being installed (`refusal` says it in words):
     flex           any (CUDA)  any                            no       yes       no     yes
     sdpa           any         any                            yes      yes       yes    yes
 
+and the limits of the real kernels that their signatures do not show (`_LIMITS`), each read from its source
+(flash-attention at 0251105a) or measured:
+
+    flash_attn_2   soft-capping with dropout refused ("Softcapping does not support dropout", `flash_api.cpp`); no
+                   backward kernel for dropout at D 193-256 under 144 KB of shared memory per block (sm86, sm89,
+                   sm120: `run_mha_bwd_hdim256`, nothing raised); Dv == D (`flash_api.cpp`)
+    flash_attn_3   sm 8 and sm 9 only (`hopper/setup.py` builds sm_80 and sm_90a code); Dv != D on sm 9 only
+    flash_attn_4   D a multiple of 32 (measured: the query gradient is wrong at other head dims); sm 10+:
+                   (D, Dv) both <= 128, (192, 128) or (256, 256) (`flash_attn/cute/interface.py`); sm 10/11 at 256:
+                   no soft-capping, sinks or window (the dedicated hd256 kernel); sm 12: no sinks (its kernel
+                   refuses `learnable_sink`, and the sink backward covers sm90-sm110)
+    hub            Dv == D
+    torch_varlen   Dv == D
+
 `hub` is the varlen function transformers loaded from the Hub for `attn_implementation="kernels-community/..."`.
 `flex` compiles `flex_attention` on CUDA and runs it on FA4's CuTe kernels (`BACKEND="FLASH"`) where torch offers
 them and flash-attn-4 imports.
 """
+
+import dataclasses
 
 import torch
 
@@ -85,6 +101,72 @@ def kernel_order(major: int | None) -> tuple[str, ...]:
     return (*_FLASH_ORDER[min(major, 10)], "hub", "torch_varlen", "flex", "sdpa")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layer:
+    """What the limits of `_LIMITS` read of a layer: `query` `(T, H, D)` on its device, head dims of query and value,
+    the device's compute capability major, and the features it asks for."""
+
+    query: torch.Tensor
+    head_dim: int
+    value_head_dim: int
+    major: int
+    softcap: bool
+    dropout: bool
+    sinks: bool
+    window: int | None
+
+
+def _flash_attn_2_limit(layer: _Layer) -> str | None:
+    if layer.softcap and layer.dropout:  # flash_api.cpp: "Softcapping does not support dropout for now"
+        return "has no soft-capping together with dropout"
+    if layer.value_head_dim != layer.head_dim:
+        return f"needs the value's head dim ({layer.value_head_dim}) equal to the query's ({layer.head_dim})"
+    if layer.dropout and layer.head_dim > 192:  # run_mha_bwd_hdim256: no kernel with dropout below 144 KB
+        shared = capabilities.shared_memory_per_block(layer.query)
+        if shared < 144 * 1024:
+            return (
+                f"launches no backward kernel for dropout at head dim {layer.head_dim} with {shared // 1024} KB of "
+                "shared memory per block (it needs 144 KB): the gradients would not be written"
+            )
+    return None
+
+
+def _flash_attn_3_limit(layer: _Layer) -> str | None:
+    if layer.major not in (8, 9):  # hopper/setup.py builds sm_80 and sm_90a code only
+        return f"has no kernel for sm {layer.major} (built for sm 80 and sm 90)"
+    if layer.value_head_dim != layer.head_dim and layer.major != 9:
+        return "takes a value head dim other than the query's on sm 90 only"
+    return None
+
+
+def _flash_attn_4_limit(layer: _Layer) -> str | None:
+    dims = (layer.head_dim, layer.value_head_dim)
+    if layer.major >= 10 and not (max(dims) <= 128 or dims in ((192, 128), (256, 256))):
+        return f"cannot take head dims {dims} on sm {layer.major}"  # flash_attn/cute/interface.py, _validate_head_dims
+    hd256_features = layer.softcap or layer.sinks or layer.window is not None
+    if layer.major in (10, 11) and dims == (256, 256) and hd256_features:  # the dedicated hd256 kernel
+        return f"has no soft-capping, attention sinks or sliding window at head dim 256 on sm {layer.major}"
+    if layer.major >= 12 and layer.sinks:  # the sm120 kernel refuses learnable_sink; the sink backward is sm90-sm110
+        return f"has no attention sinks on sm {layer.major}"
+    return None
+
+
+def _equal_head_dims(layer: _Layer) -> str | None:
+    if layer.value_head_dim != layer.head_dim:
+        return f"needs the value's head dim ({layer.value_head_dim}) equal to the query's ({layer.head_dim})"
+    return None
+
+
+_LIMITS = {
+    "flash_attn_2": _flash_attn_2_limit,
+    "flash_attn_3": _flash_attn_3_limit,
+    "flash_attn_4": _flash_attn_4_limit,
+    "hub": _equal_head_dims,
+    "torch_varlen": _equal_head_dims,
+}
+"""Limits of the real kernels that their signatures do not show (the second table of the module docstring)."""
+
+
 def refusal(
     name: str,
     query: torch.Tensor,
@@ -95,8 +177,9 @@ def refusal(
     sinks: bool,
     window: int | None,
     scale: float | None,
+    value_head_dim: int | None = None,
 ) -> str | None:
-    """Why kernel `name` cannot compute this layer on this device, or None (see the table in the module docstring)."""
+    """Why kernel `name` cannot compute this layer on this device, or None (see the tables in the module docstring)."""
     if not _INSTALLED[name]():
         return "not installed"
     head_dim = query.shape[-1]
@@ -113,11 +196,15 @@ def refusal(
         return f"needs fp16/bf16, got {query.dtype}"
     if head_dim > 256 or (name != "flash_attn_2" and head_dim % 8):
         return f"cannot take head dim {head_dim}"
-    if name == "flash_attn_4" and major >= 10 and head_dim > 128 and head_dim != 256:
-        return f"cannot take head dim {head_dim} on sm {major}"
     wrong = wrong_gradients(name, head_dim)
     if wrong is not None:
         return wrong
+    if name in _LIMITS:
+        value_head_dim = head_dim if value_head_dim is None else value_head_dim
+        layer = _Layer(query, head_dim, value_head_dim, major, softcap is not None, bool(dropout), sinks, window)
+        limit = _LIMITS[name](layer)
+        if limit is not None:
+            return limit
     if name == "torch_varlen":
         accepted = capabilities.parameters(capabilities.varlen_attn)
         if window is not None and "window_size" not in accepted:
@@ -135,6 +222,7 @@ def select_kernel(
     sinks: bool = False,
     window: int | None = None,
     scale: float | None = None,
+    value_head_dim: int | None = None,
 ) -> str:
     """Name of the kernel `auto` runs for this layer: the first of `kernel_order` without a `refusal`.
 
@@ -146,11 +234,33 @@ def select_kernel(
         sinks (`bool`): the layer has attention sinks (`s_aux`).
         window (`int`, *optional*): transformers' `sliding_window`.
         scale (`float`, *optional*): the softmax scale, `D ** -0.5` when None.
+        value_head_dim (`int`, *optional*): the value's head size, the query's when None (multi-head latent
+            attention has a smaller one).
 
     >>> select_kernel(torch.zeros(4, 2, 8), softcap=None, dropout=0.0)  # CPU tensors
     'sdpa'
     """
-    on_cuda = capabilities.HAS_CUDA and capabilities.is_cuda_tensor(query)
-    major = capabilities.compute_capability(query)[0] if on_cuda else None
     options = {"softcap": softcap, "dropout": dropout, "sinks": sinks, "window": window, "scale": scale}
-    return next(name for name in kernel_order(major) if refusal(name, query, major=major, **options) is None)
+    return _takers(query, value_head_dim=value_head_dim, **options)[0]
+
+
+def forced_kernel(name: str, query: torch.Tensor, **options) -> str:
+    """`name`, forced with `backend=name`, when it computes this layer on this device (`options` as `select_kernel`
+    takes them); else `ValueError` naming the rule and the kernels that would take the layer."""
+    reason = refusal(name, query, major=_major(query), **options)
+    if reason is not None:
+        raise ValueError(
+            f"backend={name!r} cannot run this layer: `{name}` {reason}. Kernels that can, fastest first: "
+            f"{', '.join(_takers(query, **options))}; `backend='auto'` takes the first."
+        )
+    return name
+
+
+def _major(query: torch.Tensor) -> int | None:
+    on_cuda = capabilities.HAS_CUDA and capabilities.is_cuda_tensor(query)
+    return capabilities.compute_capability(query)[0] if on_cuda else None
+
+
+def _takers(query: torch.Tensor, **options) -> list[str]:
+    major = _major(query)
+    return [name for name in kernel_order(major) if refusal(name, query, major=major, **options) is None]

@@ -13,7 +13,7 @@ it `window_size=(w - 1, 0)` and "no window" `(-1, -1)`; FA4 spells "no window" `
 """
 
 from . import capabilities
-from .features import is_default_scale, refuse_unless_computed, wrong_gradients
+from .features import is_default_scale, refuse_unless_computed
 from .packed_segments import PackedSegments
 
 
@@ -76,9 +76,6 @@ def flash_attn_4_kernel(query, key, value, segments: PackedSegments, *, scale, w
     """flash-attn 4's `flash_attn.cute.flash_attn_varlen_func` (Hopper and Blackwell, fp16/bf16): soft-capping and
     attention sinks (`learnable_sink`), no dropout. It returns `(out, lse)`; the output is kept."""
     refuse_unless_computed("flash_attn_4", dropout=dropout, softcap=softcap, sinks=sinks)
-    wrong = wrong_gradients("flash_attn_4", query.shape[-1])
-    if wrong is not None:
-        raise ValueError(f"The `flash_attn_4` packed kernel {wrong}; leave `backend='auto'` (it picks another kernel).")
     out, _ = capabilities.flash_attn_4_varlen_func(
         **_varlen_call(query, key, value, segments, scale),
         window_size=(None, 0) if window is None else (keys_before(window), 0),

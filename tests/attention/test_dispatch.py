@@ -83,11 +83,12 @@ def test_cpu_tensors_always_take_the_sdpa_kernel():
     assert select_kernel(q.float(), softcap=30.0, dropout=0.1) == "sdpa"
 
 
-def test_flash_attn_2_called_by_keyword(fake_cuda, monkeypatch):
+@pytest.mark.parametrize(("dropout", "softcap"), [(0.1, None), (0.0, 20.0)])  # FA2 refuses the two together
+def test_flash_attn_2_called_by_keyword(fake_cuda, monkeypatch, dropout, softcap):
     without(monkeypatch, "flash_attn_3", "flash_attn_4")
     q, k, v, kwargs = layer_inputs()
     out, _ = packed_attention_forward(
-        torch.nn.Module(), q, k, v, None, scaling=0.2, dropout=0.1, sliding_window=4, softcap=20.0, **kwargs
+        torch.nn.Module(), q, k, v, None, scaling=0.2, dropout=dropout, sliding_window=4, softcap=softcap, **kwargs
     )
     assert out.shape == (1, sum(LENGTHS), 4, 16)
     (args, called), *rest = fake_cuda["flash_attn_2"].calls
@@ -95,7 +96,7 @@ def test_flash_attn_2_called_by_keyword(fake_cuda, monkeypatch):
     assert called["cu_seqlens_q"] is kwargs["cu_seq_lens_q"] and called["cu_seqlens_k"] is kwargs["cu_seq_lens_q"]
     assert called["max_seqlen_q"] == called["max_seqlen_k"] == 9 and isinstance(called["max_seqlen_q"], int)
     assert called["causal"] is True and called["window_size"] == (3, 0)
-    assert called["softcap"] == 20.0 and called["softmax_scale"] == 0.2 and called["dropout_p"] == 0.1
+    assert called["softcap"] == (softcap or 0.0) and called["softmax_scale"] == 0.2 and called["dropout_p"] == dropout
     assert called["q"].shape == (sum(LENGTHS), 4, 16) and called["k"].shape == (sum(LENGTHS), 2, 16)
     assert fake_cuda["torch_varlen"].calls == []
 
