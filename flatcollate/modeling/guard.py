@@ -1,11 +1,13 @@
 """A guard in front of a model's forward that refuses the arguments which make a flattened batch attend across
 sequences.
 
-transformers detects packed rows from `position_ids` only when no `attention_mask` and no cache are present; with
-either one, sequences of a flattened row silently attend to each other. The hook raises instead. A batch that carries
-boundaries (`cu_seq_lens_*`, `seq_idx`) has them cross-checked against its `position_ids`, and gets restarting
-positions when it has none (`boundary_check`). An ordinary call costs nothing: the guard looks at tensor data only
-when one of those arguments is present, on the top-level model, never per layer.
+Which arguments a batch carries decide what it is (`is_flattened`): boundaries (`cu_seq_lens_*`, `seq_idx`) make it
+flattened; otherwise an attention mask or a cache makes it ordinary, let through unchecked (padded batches,
+`generate()` with any cache); otherwise `position_ids` that restart make it flattened. transformers keeps the
+sequences of a flattened row apart only when no `attention_mask` and no cache are present, so boundaries together
+with either one are refused. A flattened batch has its boundaries cross-checked against its `position_ids`, and gets
+restarting positions when it has none (`boundary_check`). An ordinary call costs nothing: the guard looks at tensor
+data only when one of those arguments is present, on the top-level model, never per layer.
 """
 
 import functools
@@ -27,6 +29,8 @@ from .prepared_state import GUARD_ATTRIBUTE, check_in_force
 from .token_types import require_token_types
 
 _BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)
+_ORDINARY_KEYS = ("attention_mask", "past_key_values", "cache_position")
+"""Arguments that make a batch without boundaries an ordinary one: a mask, a cache, or positions in a cache."""
 
 DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 """Per-example fields a flattening collator consumes. A prepared model declares them in its forward signature so that
@@ -34,37 +38,31 @@ DATA_COLUMNS = ("seq_lengths", "completion_mask", "assistant_masks")
 
 
 def is_flattened(arguments: dict) -> bool:
-    """Whether a forward's arguments describe a flattened batch.
+    """Whether a forward's arguments describe a flattened batch, read from which arguments the batch carries.
 
-    Args:
-        arguments (`dict`): the forward's keyword arguments; a batch is flattened when it carries `cu_seq_lens_*` /
-            `max_length_*` / `seq_idx`, or `position_ids` (`(B, T)` integer) that restart inside a row. With a 2-D
-            `attention_mask`, only real tokens count: a left-padded row whose real tokens count up from 0 (as
-            `generate()` numbers them) is an ordinary padded row.
+    A flattened batch carries boundaries (`cu_seq_lens_*`, `max_length_*`, `seq_idx`), or, with no attention mask
+    and no cache, `position_ids` `(B, T)` that restart inside a row (transformers' own padding-free collator). A batch
+    with an `attention_mask` of any form (2-D, 4-D, a dict of masks per layer type), `past_key_values` or
+    `cache_position` and no boundaries is an ordinary batch, whatever its positions: the mask or the cache says which
+    tokens see which (static-cache `generate()` numbers a left-padded row `[0 0 0 1 2 ...]`), and the guard lets it
+    through unchecked, as the unprepared model would take it.
 
     >>> is_flattened({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
     True
     >>> is_flattened({"position_ids": torch.tensor([[0, 1, 2, 3, 4]])})
     False
-    >>> mask = torch.tensor([[0, 0, 1, 1, 1]])  # left padding, positions numbered as `generate()` does
-    >>> is_flattened({"position_ids": torch.tensor([[1, 1, 0, 1, 2]]), "attention_mask": mask})
+    >>> mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()  # a 4-D mask says which tokens see which
+    >>> is_flattened({"position_ids": torch.tensor([[0, 0, 0, 1, 2]]), "attention_mask": mask})
     False
     """
     if any(arguments.get(key) is not None for key in _BOUNDARY_KEYS):
         return True
-    position_ids = arguments.get("position_ids")
-    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] < 2:
+    if any(arguments.get(key) is not None for key in _ORDINARY_KEYS):
         return False
-    mask = arguments.get("attention_mask")
-    if mask is None or mask.dim() != 2 or mask.shape != position_ids.shape or bool(mask.all()):
-        return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
-    # Real tokens of an ordinary row count up by one: position minus the row's running count of real tokens is the
-    # same for all of them. A row whose real tokens restart holds several sequences.
-    real = mask.bool()
-    offset = position_ids - (real.long().cumsum(-1) - 1)
-    largest = torch.where(real, offset, torch.iinfo(offset.dtype).min).amax(-1)
-    smallest = torch.where(real, offset, torch.iinfo(offset.dtype).max).amin(-1)
-    return bool((largest[real.any(-1)] != smallest[real.any(-1)]).any())
+    position_ids = arguments.get("position_ids")
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] < 2:
+        return False
+    return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
 
 
 def _offending(arguments: dict) -> list[str]:

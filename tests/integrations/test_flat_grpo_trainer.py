@@ -109,10 +109,10 @@ def one_step(trainer_class, tmp, tokenizer=None, prompts=None, **options):
     tiny_causal_lm("llama", vocab_size=len(tokenizer), seed=0).save_pretrained(model)
     prompts = prompts or [" ".join(f"t{i}" for i in range(k, k + 2 + k % 5)) for k in range(8)]
     prompts = Dataset.from_list([{"prompt": prompt} for prompt in prompts])
+    options = {"num_generations": 4, **options}
     args = trl.GRPOConfig(
         output_dir=tmp,
         per_device_train_batch_size=4,
-        num_generations=4,
         max_completion_length=6,
         max_steps=1,
         learning_rate=0.5,
@@ -141,12 +141,18 @@ def one_step(trainer_class, tmp, tokenizer=None, prompts=None, **options):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"beta": 0.1}, {"beta": 0.1, "steps_per_generation": 2}, {"cache_implementation": "static"}],
+    [
+        {},
+        {"beta": 0.1},
+        {"beta": 0.1, "steps_per_generation": 2},
+        {"cache_implementation": "static", "num_generations": 2},
+    ],
     ids=["policy", "reference", "old_policy", "static_cache"],
 )
 def test_one_step_equals_grpo_trainer(options):
-    """`cache_implementation="static"` generates the completions with a static cache: left-padded prompts numbered
-    from their first real token and a 4-D mask, which the prepared policy runs as the unprepared one does."""
+    """With `cache_implementation="static"` the completions of two prompts of different lengths per batch are
+    generated with a static cache: left-padded prompts numbered from their first real token and a 4-D mask, which
+    the prepared policy runs as the unprepared one does."""
     from flatcollate.integrations.trl import FlatGRPOTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
