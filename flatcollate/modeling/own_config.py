@@ -35,3 +35,31 @@ def own_config(model: torch.nn.Module, *holders: torch.nn.Module) -> None:
             for name, value in vars(module).items():
                 if isinstance(value, PretrainedConfig) and id(value) in replacement:
                     vars(module)[name] = replacement[id(value)]
+
+
+def own_layer_configs(model: torch.nn.Module, backend: str) -> int:
+    """Give every module whose own language-model config is not `model`'s and runs another backend than `backend` (a
+    decoder layer taken from another model, or given a config of its own) a deep copy of that config on `backend`;
+    modules that shared one foreign config share its copy. The model the layer came from keeps its config.
+
+    Returns:
+        `int`: how many configs were copied.
+
+    >>> from flatcollate.testing import tiny_causal_lm
+    >>> model, donor = tiny_causal_lm("llama", attn_implementation="eager"), tiny_causal_lm("llama")
+    >>> _ = model.model.layers.append(donor.model.layers[0])
+    >>> own_layer_configs(model, "eager"), model.model.layers[2].self_attn.config._attn_implementation
+    (1, 'eager')
+    >>> donor.config._attn_implementation
+    'sdpa'
+    """
+    text_config = type(model.config.get_text_config())
+    copies = {}
+    for module in model.modules():
+        config = vars(module).get("config")
+        if isinstance(config, text_config) and config._attn_implementation != backend:
+            if id(config) not in copies:
+                copies[id(config)] = copy.deepcopy(config)
+                copies[id(config)]._attn_implementation = backend
+            vars(module)["config"] = copies[id(config)]
+    return len(copies)

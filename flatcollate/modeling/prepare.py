@@ -9,7 +9,7 @@ from .composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
 from .mask_patch import patch_mask_builders
-from .own_config import own_config
+from .own_config import own_config, own_layer_configs
 from .prepared_state import mark_in_force
 from .stateful_layers import segment_mixers
 
@@ -28,6 +28,9 @@ def prepare_model_for_flattening(
     `attention_mask`, `use_cache=True` or `past_key_values` (each silently makes sequences attend to each other in
     transformers' own backends), runs flattened batches without a cache when the config's default would build one,
     checks `position_ids` against `cu_seq_lens` (deriving them when missing), and lets every other call through.
+
+    Every module that reads the backend from a config of its own (a decoder layer taken from another model) gets a
+    copy of that config on the selected backend.
 
     The configuration is left as it was (`use_cache`, generation config), so a saved checkpoint is the unprepared
     model's: ordinary and padded batches, evaluation and cached `generate()` run as before.
@@ -85,6 +88,8 @@ def prepare_model_for_flattening(
                 "the current backend."
             ) from error
     backend = model.config.get_text_config()._attn_implementation
+    if reason is None:
+        own_layer_configs(model, backend)  # attention layers read their own config: all of them on `backend`
     patched = patch_mask_builders(model) if backend != ATTN_IMPLEMENTATION else []
     isolate_vision_towers(model)
     install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes

@@ -29,6 +29,16 @@ def check_in_force(model: torch.nn.Module) -> None:
             "(`set_attn_implementation` after preparing), which lets a flattened batch's sequences attend to each "
             "other. Call `prepare_model_for_flattening(model)` again after changing the backend."
         )
+    elsewhere = layers_on_other_backends(model, backend)
+    if elsewhere:
+        named = ", ".join(f"{name} ({own!r})" for name, own in elsewhere[:4])
+        raise ValueError(
+            f"{type(model).__name__} was prepared with attn_implementation={backend!r}, but {len(elsewhere)} of its "
+            f"modules read another backend from a config of their own: {named}. A layer taken from another model "
+            "(depth up-scaling) or given another config after preparing would let a flattened batch's sequences "
+            "attend to each other. Call `prepare_model_for_flattening(model)` again after changing layers: it gives "
+            f"each such module a copy of its config on {backend!r}."
+        )
     module = sys.modules[type(model).__module__]
     lost = [name for name in patched if not hasattr(getattr(module, name, None), "_flatcollate_original")]
     if lost:
@@ -37,6 +47,21 @@ def check_in_force(model: torch.nn.Module) -> None:
             "(it was replaced afterwards), so a flattened batch would get one causal mask over all its sequences. "
             "Call `prepare_model_for_flattening(model)` again."
         )
+
+
+def layers_on_other_backends(model: torch.nn.Module, backend: str) -> list[tuple[str, str]]:
+    """`(module name, backend)` of every module whose own config is a language-model config (the class of
+    `model.config.get_text_config()`) on another backend than `backend`: attention layers read the backend from
+    their own config, not the top-level one. Vision towers hold configs of other classes and are left out."""
+    text_config = type(model.config.get_text_config())
+
+    def elsewhere(module: torch.nn.Module) -> bool:
+        config = vars(module).get("config")
+        return isinstance(config, text_config) and config._attn_implementation != backend
+
+    if not any(elsewhere(module) for module in model.modules()):  # every flattened forward: no names built
+        return []
+    return [(name, module.config._attn_implementation) for name, module in model.named_modules() if elsewhere(module)]
 
 
 def is_prepared(model: torch.nn.Module) -> bool:

@@ -1,6 +1,7 @@
 """A prepared model cannot be un-prepared or re-routed without an error at its next flattened forward, and preparing
 one model never changes another that shares its config object (`from_config(cfg)` twice shares `cfg`)."""
 
+import copy
 import itertools
 import sys
 
@@ -67,4 +68,49 @@ def test_preparing_a_model_leaves_its_config_twin_alone(model_type):
     twin.set_attn_implementation("sdpa")  # a switch on the twin does not re-route the prepared model
     batch = _batch(vocab=config.vocab_size)
     with torch.no_grad():
+        assert _gap_to_alone(model, batch) <= 1e-5
+
+
+def _unguarded_gap(model, batch) -> float:
+    """`_gap_to_alone` with the flattened row run by the model's class forward, past the guard."""
+    flat = type(model).forward(model, **batch).logits
+    bounds = itertools.pairwise(batch["cu_seq_lens_q"].tolist())
+    alone = torch.cat([model(input_ids=batch["input_ids"][:, a:b], use_cache=False).logits for a, b in bounds], dim=1)
+    return (flat - alone).abs().max().item()
+
+
+def _own_sdpa_config(model):
+    """Give the second layer's attention a config of its own on `sdpa`."""
+    attention = model.model.layers[1].self_attn
+    attention.config = copy.deepcopy(model.config)
+    attention.config._attn_implementation = "sdpa"
+    return "model.layers.1.self_attn"
+
+
+def _appended_layer(model):
+    """Depth up-scaling: a decoder layer of an unprepared model (on `sdpa`) appended to the prepared one."""
+    donor = tiny_causal_lm(model.config.model_type, seed=1)
+    layer = donor.model.layers[0]
+    layer.self_attn.layer_idx = len(model.model.layers)
+    model.model.layers.append(layer)
+    model.config.num_hidden_layers += 1
+    if getattr(model.config, "layer_types", None) is not None:
+        model.config.layer_types.append(model.config.layer_types[-1])
+    return f"model.layers.{len(model.model.layers) - 1}.self_attn"
+
+
+@pytest.mark.parametrize("change", [_own_sdpa_config, _appended_layer], ids=["own_config", "appended_layer"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_layer_on_another_backend_is_refused_and_preparing_again_makes_it_exact(model_type, change):
+    """Negative control: the changed model run past the guard mixes its sequences (the layer on `sdpa` gets no mask
+    from the packed backend's mask function and attends over the whole row)."""
+    model = prepare_model_for_flattening(tiny_causal_lm(model_type))
+    batch = _batch()
+    layer = change(model)
+    with torch.no_grad():
+        assert _unguarded_gap(model, batch) > 1e-2
+        with pytest.raises(ValueError, match=rf"(?s)'flatcollate'.*{layer} \('sdpa'\).*prepare_model_for_flattening"):
+            model(**batch)
+        model(input_ids=batch["input_ids"][:, :9])  # an ordinary row still runs
+        prepare_model_for_flattening(model)
         assert _gap_to_alone(model, batch) <= 1e-5
