@@ -11,6 +11,7 @@ from .guard import install_guard
 from .mask_patch import patch_mask_builders
 from .own_config import own_config, own_layer_configs
 from .prepared_state import mark_in_force
+from .prompt_learning import watch_prompt_learning
 from .stateful_layers import segment_mixers
 
 
@@ -30,7 +31,9 @@ def prepare_model_for_flattening(
     checks `position_ids` against `cu_seq_lens` (deriving them when missing), and lets every other call through.
 
     Every module that reads the backend from a config of its own (a decoder layer taken from another model) gets a
-    copy of that config on the selected backend.
+    copy of that config on the selected backend. PEFT's prompt-learning adapters (prompt tuning, P-tuning, prefix
+    tuning) put their virtual tokens once per row, so a PEFT model of one around the prepared model refuses flattened
+    batches (`flatcollate.modeling.prompt_learning`); LoRA is exact on them.
 
     The configuration is left as it was (`use_cache`, generation config), so a saved checkpoint is the unprepared
     model's: ordinary and padded batches, evaluation and cached `generate()` run as before.
@@ -93,6 +96,7 @@ def prepare_model_for_flattening(
     patched = patch_mask_builders(model) if backend != ATTN_IMPLEMENTATION else []
     isolate_vision_towers(model)
     install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes
+    watch_prompt_learning(wrapper)  # PEFT prompt learning, wrapped before or after, refuses flattened batches
     mark_in_force(model, tuple(patched))  # the guard checks both at every flattened forward
     if reason is None:
         segment_mixers(model)
