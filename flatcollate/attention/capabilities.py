@@ -89,6 +89,16 @@ def parameters(function: Callable | None) -> frozenset[str]:
     return frozenset() if function is None else frozenset(inspect.signature(function).parameters)
 
 
+def takes(function: Callable, name: str) -> bool:
+    """Whether `function` can be called with keyword `name` (a parameter of that name, or `**kwargs`).
+
+    >>> takes(lambda q, *, scale=None: q, "scale"), takes(lambda q: q, "scale"), takes(lambda **kw: 0, "scale")
+    (True, False, True)
+    """
+    accepted = inspect.signature(function).parameters
+    return name in accepted or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+
+
 def _flex_backends() -> tuple[str, ...]:
     flex_module = importlib.import_module("torch.nn.attention.flex_attention")
     return typing.get_args(getattr(flex_module, "_Backend", None)) or ()

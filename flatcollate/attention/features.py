@@ -2,7 +2,9 @@
 table both `selection` (which kernel `auto` picks) and the kernels themselves (which refuse what they cannot do) read.
 """
 
+import functools
 import math
+import warnings
 
 from . import capabilities
 
@@ -37,7 +39,15 @@ def features(name: str) -> frozenset[str]:
     if name == "hub":
         resolved = capabilities.transformers_varlen()
         return frozenset() if resolved is None else hub_features(resolved[1])
+    function = capabilities.flash_attn_3_varlen_func
+    if name == "flash_attn_3" and function is not None and not capabilities.takes(function, "softcap"):
+        return FEATURES[name] - {"softcap"}  # builds before 2025-01
     return FEATURES[name]
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def lacking(name: str, *, dropout: float, softcap: float | None, sinks: bool) -> list[str]:
@@ -48,7 +58,14 @@ def lacking(name: str, *, dropout: float, softcap: float | None, sinks: bool) ->
     """
     asked = {"dropout": bool(dropout), "softcap": softcap is not None, "sinks": sinks}
     have = features(name)
-    return [WORDS[feature] for feature, on in asked.items() if on and feature not in have]
+    missing = [feature for feature, on in asked.items() if on and feature not in have]
+    older = [feature for feature in missing if feature in FEATURES.get(name, frozenset())]  # this build lacks it
+    if older:
+        _warn_once(
+            f"The installed `{name}` has no {' or '.join(WORDS[f] for f in older)} (an older build): such layers run "
+            f"on the next kernel. Update it to run them on `{name}`."
+        )
+    return [WORDS[feature] for feature in missing]
 
 
 def refuse_unless_computed(name: str, *, dropout: float, softcap: float | None, sinks) -> None:

@@ -63,14 +63,19 @@ def _flex_attention(device_type: str):
     return _COMPILED_FLEX["cuda"]
 
 
-def flex_kernel_options(device_type: str) -> dict | None:
-    """`kernel_options` of the flex call: FA4's CuTe kernels (`BACKEND="FLASH"`) on CUDA where torch offers them and
-    flash-attn-4 imports (`capabilities.HAS_FLEX_FLASH`), else torch's default (Triton).
+def flex_kernel_options(query: torch.Tensor, *, softcap: float | None, window: int | None) -> dict | None:
+    """`kernel_options` of the flex call: FA4's CuTe kernels (`BACKEND="FLASH"`) where torch offers them and
+    flash-attn-4 imports (`capabilities.HAS_FLEX_FLASH`) and they can train the layer, else torch's default (Triton).
+    The FLASH lowering calls FA4: fp16/bf16, a backward on sm 90+ only, and no scalar captured by the compiled
+    (`dynamic=True`) score or mask function, so no soft-cap and no window.
 
-    >>> flex_kernel_options("cpu") is None
+    >>> flex_kernel_options(torch.zeros(4, 2, 64), softcap=None, window=None) is None  # CPU
     True
     """
-    return {"BACKEND": "FLASH"} if device_type == "cuda" and capabilities.HAS_FLEX_FLASH else None
+    if not (capabilities.HAS_FLEX_FLASH and capabilities.is_cuda_tensor(query)) or softcap or window is not None:
+        return None
+    half = query.dtype in (torch.float16, torch.bfloat16)
+    return {"BACKEND": "FLASH"} if half and capabilities.compute_capability(query)[0] >= 9 else None
 
 
 def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
@@ -91,7 +96,7 @@ def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
         block_mask=block_mask,
         scale=scale,
         enable_gqa=query.shape[1] != key.shape[1],
-        kernel_options=flex_kernel_options(query.device.type),
+        kernel_options=flex_kernel_options(query, softcap=softcap, window=window),
     )
     return out.squeeze(0).transpose(0, 1)
 
@@ -166,4 +171,3 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
         outputs.append(out.transpose(1, 2).reshape(size * length, out.shape[1], out.shape[-1]))
     out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
     return out if plan.in_place else FromSlots.apply(out, plan)
-

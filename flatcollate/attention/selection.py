@@ -33,7 +33,8 @@ and the limits of the real kernels that their signatures do not show (`_LIMITS`)
                    (D, Dv) both <= 128, (192, 128) or (256, 256) (`flash_attn/cute/interface.py`); sm 10/11 at 256:
                    no soft-capping, sinks or window (the dedicated hd256 kernel); sm 12: no sinks (its kernel
                    refuses `learnable_sink`, and the sink backward covers sm90-sm110)
-    hub            Dv == D
+    hub            Dv == D; trains only where its backward matches SDPA on a tiny row, checked once
+                   (`varlen_kernels.hub_backward_fault`: vLLM's FA3 build returns too few gradients)
     torch_varlen   Dv == D
 
 `hub` is the varlen function transformers loaded from the Hub for `attn_implementation="kernels-community/..."`.
@@ -52,6 +53,7 @@ from .varlen_kernels import (
     flash_attn_2_kernel,
     flash_attn_3_kernel,
     flash_attn_4_kernel,
+    hub_backward_fault,
     hub_kernel,
     torch_varlen_kernel,
 )
@@ -157,11 +159,26 @@ def _equal_head_dims(layer: _Layer) -> str | None:
     return None
 
 
+def _hub_limit(layer: _Layer) -> str | None:
+    if layer.value_head_dim != layer.head_dim:
+        return _equal_head_dims(layer)
+    if not (torch.is_grad_enabled() and layer.query.requires_grad):
+        return None
+    name, function = capabilities.transformers_varlen()
+    fault = hub_backward_fault(function, layer.query.device, layer.query.dtype, layer.head_dim)
+    if fault is None:
+        return None
+    return (
+        f"({name}) cannot train: its backward {fault} on a tiny input. Install flash-attn 2, 3 or 4 locally "
+        "(`pip install flash-attn`, or build `hopper/` for FA3) so that `auto` trains on it"
+    )
+
+
 _LIMITS = {
     "flash_attn_2": _flash_attn_2_limit,
     "flash_attn_3": _flash_attn_3_limit,
     "flash_attn_4": _flash_attn_4_limit,
-    "hub": _equal_head_dims,
+    "hub": _hub_limit,
     "torch_varlen": _equal_head_dims,
 }
 """Limits of the real kernels that their signatures do not show (the second table of the module docstring)."""

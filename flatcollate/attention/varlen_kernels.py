@@ -12,6 +12,10 @@ Windows: transformers' `sliding_window=w` keeps the query and the `w - 1` keys b
 it `window_size=(w - 1, 0)` and "no window" `(-1, -1)`; FA4 spells "no window" `None` and reads `-1` literally.
 """
 
+import functools
+
+import torch
+
 from . import capabilities
 from .features import is_default_scale, refuse_unless_computed
 from .packed_segments import PackedSegments
@@ -35,9 +39,10 @@ def flash_window(window: int | None) -> tuple[int, int]:
     return (-1, -1) if window is None else (keys_before(window), 0)
 
 
-def _varlen_call(query, key, value, segments: PackedSegments, scale: float) -> dict:
-    """The keyword arguments FA2, FA3, FA4 and Hub kernels share."""
-    return {
+def _varlen_call(function, query, key, value, segments: PackedSegments, scale: float) -> dict:
+    """The keyword arguments FA2, FA3, FA4 and Hub kernels share, less `max_seqlen_q/k` where `function` has none
+    (FA4 builds from 2025-08 to 2026-01-07)."""
+    call = {
         "q": query,
         "k": key,
         "v": value,
@@ -48,13 +53,21 @@ def _varlen_call(query, key, value, segments: PackedSegments, scale: float) -> d
         "softmax_scale": scale,
         "causal": True,
     }
+    if capabilities.takes(function, "max_seqlen_q"):
+        return call
+    return {name: value for name, value in call.items() if not name.startswith("max_seqlen")}
+
+
+def _output(result):
+    """The attention output of a varlen call: FA4, vLLM's FA3 and FA3 builds before 2025-07-11 return `(out, lse)`."""
+    return result[0] if isinstance(result, tuple) else result
 
 
 def flash_attn_2_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """flash-attn 2's `flash_attn_varlen_func` (CUDA, fp16/bf16, D <= 256): dropout and soft-capping, no sinks."""
     refuse_unless_computed("flash_attn_2", dropout=dropout, softcap=softcap, sinks=sinks)
     return capabilities.flash_attn_varlen_func(
-        **_varlen_call(query, key, value, segments, scale),
+        **_varlen_call(capabilities.flash_attn_varlen_func, query, key, value, segments, scale),
         dropout_p=dropout,
         window_size=flash_window(window),
         softcap=0.0 if softcap is None else softcap,
@@ -65,11 +78,11 @@ def flash_attn_3_kernel(query, key, value, segments: PackedSegments, *, scale, w
     """flash-attn 3's `flash_attn_interface.flash_attn_varlen_func` (Hopper first; fp16/bf16, D <= 256, a multiple of
     8): soft-capping, no dropout, no sinks."""
     refuse_unless_computed("flash_attn_3", dropout=dropout, softcap=softcap, sinks=sinks)
-    return capabilities.flash_attn_3_varlen_func(
-        **_varlen_call(query, key, value, segments, scale),
-        window_size=flash_window(window),
-        softcap=0.0 if softcap is None else softcap,
-    )
+    function = capabilities.flash_attn_3_varlen_func
+    call = {**_varlen_call(function, query, key, value, segments, scale), "window_size": flash_window(window)}
+    if softcap is not None:  # builds before 2025-01 have no `softcap` (and take no layer with one)
+        call["softcap"] = softcap
+    return _output(function(**call))
 
 
 def flash_attn_4_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
@@ -77,7 +90,7 @@ def flash_attn_4_kernel(query, key, value, segments: PackedSegments, *, scale, w
     attention sinks (`learnable_sink`), no dropout. It returns `(out, lse)`; the output is kept."""
     refuse_unless_computed("flash_attn_4", dropout=dropout, softcap=softcap, sinks=sinks)
     out, _ = capabilities.flash_attn_4_varlen_func(
-        **_varlen_call(query, key, value, segments, scale),
+        **_varlen_call(capabilities.flash_attn_4_varlen_func, query, key, value, segments, scale),
         window_size=(None, 0) if window is None else (keys_before(window), 0),
         learnable_sink=sinks,
         softcap=0.0 if softcap is None else softcap,
@@ -88,14 +101,17 @@ def flash_attn_4_kernel(query, key, value, segments: PackedSegments, *, scale, w
 def hub_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
     """The varlen function transformers loaded from the Hub (`capabilities.transformers_varlen`), called with the
     arguments its signature has: `dropout_p` (FA2 builds), `learnable_sink` (FA4 builds) or `s_aux` (vLLM's FA3) for
-    sinks. Windows are passed as `(w - 1, 0)`, which every build reads alike under `causal=True`."""
+    sinks. Windows are passed as `(w - 1, 0)`, which every build reads alike under `causal=True`; no window as FA4's
+    `(None, 0)` to an FA4 build (older ones read `-1` literally), else `(-1, -1)`."""
     resolved = capabilities.transformers_varlen()
     if resolved is None:
         raise ValueError("transformers has loaded no Hub attention kernel; use `backend='auto'`.")
     _, function = resolved
     refuse_unless_computed("hub", dropout=dropout, softcap=softcap, sinks=sinks)
     accepted = capabilities.parameters(function)
-    call = {**_varlen_call(query, key, value, segments, scale), "window_size": flash_window(window)}
+    call = {**_varlen_call(function, query, key, value, segments, scale), "window_size": flash_window(window)}
+    if "learnable_sink" in accepted and window is None:  # FA4 builds before 2026-02-23 read -1 literally
+        call["window_size"] = (None, 0)
     sink_name = next((n for n in ("learnable_sink", "s_aux") if n in accepted), None)
     if dropout:
         call["dropout_p"] = dropout
@@ -103,8 +119,37 @@ def hub_kernel(query, key, value, segments: PackedSegments, *, scale, window, so
         call["softcap"] = softcap
     if sinks is not None:
         call[sink_name] = sinks
-    out = function(**call)
-    return out[0] if isinstance(out, tuple) else out  # FA4 and vLLM builds return (out, lse)
+    return _output(function(**call))
+
+
+@functools.lru_cache(maxsize=8)
+def hub_backward_fault(function, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """Why the Hub kernel `function` cannot train, or None: its gradients on a tiny packed row (lengths 3 and 5, two
+    heads) against SDPA run on each sequence alone in fp32, once per kernel, device, dtype and head dim. vLLM's FA3
+    build (what transformers loads for `flash_attention_3` without a local FA3) returns 23 gradients for 25 inputs,
+    so its first backward raises."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 2, head_dim, generator=generator).to(device, dtype).requires_grad_() for _ in range(3))
+    segments = PackedSegments(torch.tensor([0, 3, 8], dtype=torch.int32, device=device), 5)
+    options = {"scale": head_dim**-0.5, "window": None, "softcap": None, "dropout": 0.0}
+    try:
+        out = hub_kernel(q, k, v, segments, **options)
+        got = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    except RuntimeError as error:  # autograd refuses a backward that returns the wrong number of gradients
+        return f"raises ({(str(error).splitlines() or [''])[0]})"
+    fq, fk, fv = (t.detach().float().requires_grad_() for t in (q, k, v))
+    alone = [
+        torch.nn.functional.scaled_dot_product_attention(
+            *(t[a:b].transpose(0, 1) for t in (fq, fk, fv)), is_causal=True
+        ).transpose(0, 1)
+        for a, b in ((0, 3), (3, 8))
+    ]
+    expected = torch.autograd.grad(torch.cat(alone), (fq, fk, fv), torch.ones(8, 2, head_dim))
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    gap = max(
+        (g.float() - e).abs().max().item() / (1 + e.abs().max().item()) for g, e in zip(got, expected, strict=True)
+    )
+    return None if gap <= tolerance else f"computes gradients off by {gap:.2g} (relative)"
 
 
 def torch_varlen_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):

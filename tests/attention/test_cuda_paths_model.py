@@ -138,7 +138,8 @@ def flat_vs_alone(family: str) -> dict[str, float]:
 def test_each_cuda_path_is_exact(reference_cuda, path, family):
     kernel = reference_cuda(path)
     gaps = flat_vs_alone(family)
-    assert kernel.calls == 2, f"the {path} path was not taken (two layers, one forward)"
+    checked = path.startswith("hub")  # a Hub kernel trains once its backward checks out on a tiny row
+    assert kernel.calls == 2 + checked, f"the {path} path was not taken (two layers, one forward)"
     assert max(gaps.values()) <= 1e-5, gaps
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.attention import PackedSegments, packed_attention_forward
+from flatcollate.attention import packed_attention_forward
 from flatcollate.attention.kernels import flex_kernel, sdpa_kernel
+from flatcollate.attention.packed_segments import PackedSegments
 from flatcollate.boundaries import lengths_to_cu_seqlens
 
 
@@ -194,10 +195,21 @@ def test_flex_runs_on_fa4s_cute_kernels_where_torch_offers_them(monkeypatch):
     from flatcollate.attention import capabilities, kernels
 
     monkeypatch.setattr(capabilities, "HAS_FLEX_FLASH", True)
-    assert kernels.flex_kernel_options("cuda") == {"BACKEND": "FLASH"}
-    assert kernels.flex_kernel_options("cpu") is None  # eager CPU flex has no such backend
+    half, plain = torch.zeros(6, 2, 64, dtype=torch.bfloat16), {"softcap": None, "window": None}
+    assert kernels.flex_kernel_options(half, **plain) is None  # eager CPU flex has no such backend
+    monkeypatch.setattr(capabilities, "is_cuda_tensor", lambda tensor: True)
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (9, 0))
+    assert kernels.flex_kernel_options(half, **plain) == {"BACKEND": "FLASH"}
+    # The FLASH lowering calls FA4: half precision, a backward on sm 90+, no captured soft-cap or window
+    assert kernels.flex_kernel_options(half.float(), **plain) is None
+    assert kernels.flex_kernel_options(half, softcap=30.0, window=None) is None
+    assert kernels.flex_kernel_options(half, softcap=None, window=64) is None
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (8, 0))
+    assert kernels.flex_kernel_options(half, **plain) is None
+    monkeypatch.setattr(capabilities, "compute_capability", lambda tensor: (9, 0))
     monkeypatch.setattr(capabilities, "HAS_FLEX_FLASH", False)
-    assert kernels.flex_kernel_options("cuda") is None
+    assert kernels.flex_kernel_options(half, **plain) is None
+    monkeypatch.setattr(capabilities, "is_cuda_tensor", lambda tensor: False)
     seen = []
 
     def recording(*args, kernel_options=None, **kwargs):
