@@ -70,6 +70,26 @@ def flash_attn_varlen_func(contract: KernelContract = CUDA_CONTRACT):
     return reference
 
 
+class _WrongQueryGradient(torch.autograd.Function):
+    """`out` (computed from a detached query) unchanged, and a zero gradient for `q`: what FA4's backward does at head
+    dims that are not a multiple of 32 (measured on an H200 with 4.0.0b36: dq off by 2.4 at head dim 16), raising
+    nothing."""
+
+    @staticmethod
+    def forward(ctx, out, q):
+        ctx.query = (q.shape, q.dtype)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shape, dtype = ctx.query
+        return grad, torch.zeros(shape, dtype=dtype, device=grad.device)
+
+
+def _architecture(contract: KernelContract) -> int | None:
+    return None if contract.capability is None else contract.capability[0]
+
+
 def flash_attn_3_varlen_func(contract: KernelContract = CUDA_CONTRACT):
     """A stand-in for FA3's `flash_attn_interface.flash_attn_varlen_func`: FA2's window and causal rules, no dropout
     (there is no such parameter), head dim a multiple of 8 up to 256."""
@@ -103,6 +123,8 @@ def flash_attn_3_varlen_func(contract: KernelContract = CUDA_CONTRACT):
         if any(x is not None for x in extras) or attention_chunk or num_splits != 1:
             raise NotImplementedError("the reference has no seqused, qv, descaling, attention chunks or splits")
         bounds_q, bounds_k = check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, contract)
+        major = _architecture(contract)
+        check(major in (None, 8, 9), f"no kernel image is available for execution on the device (sm {major})")
         left, right = window_pair(window_size)
         if causal:  # hopper/flash_api.cpp: `if (is_causal) { window_size_right = 0; }`
             right = 0
@@ -183,11 +205,19 @@ def flash_attn_4_varlen_func(contract: KernelContract = CUDA_CONTRACT):
             check(learnable_sink.shape == (q.shape[1],), f"learnable_sink must be ({q.shape[1]},)")
             check(learnable_sink.dtype in (torch.float16, torch.bfloat16, torch.float32), "learnable_sink dtype")
         left, right = _fa4_window(causal, *window_size)
-        scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+        major, head_dim = _architecture(contract), q.shape[-1]
+        if major in (10, 11) and head_dim == 256:  # the dedicated hd256 kernel
+            check(not softcap, "SM100 forward with head_dim=256 does not support softcap")
+            check(learnable_sink is None, "SM100 forward with head_dim=256 does not support learnable_sink")
+            check(left is None, "SM100 forward with head_dim=256 does not support local attention")
+        if major is not None and major >= 12:
+            check(learnable_sink is None, "the SM 12.0 kernel takes no learnable_sink")
+        wrong_dq = major is not None and head_dim % 32 != 0
+        scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
         out = varlen_attention(
-            q, k, v, bounds_q, bounds_k, scale=scale, left=left, right=right, softcap=softcap,
-            sinks=learnable_sink, negative_is_unlimited=False, compute_dtype=contract.compute_dtype,
+            q.detach() if wrong_dq else q, k, v, bounds_q, bounds_k, scale=scale, left=left, right=right,
+            softcap=softcap, sinks=learnable_sink, negative_is_unlimited=False, compute_dtype=contract.compute_dtype,
         )  # fmt: skip
-        return out, None
+        return (_WrongQueryGradient.apply(out, q) if wrong_dq else out), None
 
     return reference

@@ -43,11 +43,15 @@ class KernelContract:
         device_type (`str`): device type every tensor, `cu_seqlens` included, must live on.
         compute_dtype (`torch.dtype`): dtype of the reference's arithmetic (float64: the exact answer; the inputs'
             dtype: the error a plain implementation makes, which sets the tolerance for the real kernels).
+        capability (`tuple[int, int]`, *optional*): the simulated GPU's compute capability; where set, the flash-attn
+            references also do what the real kernel does on that architecture (refuse, or train wrong), see
+            `flatcollate.testing.reference_flash_attn`.
     """
 
     dtypes: tuple[torch.dtype, ...] = HALF_DTYPES
     device_type: str = "cuda"
     compute_dtype: torch.dtype = torch.float64
+    capability: tuple[int, int] | None = None
 
 
 CUDA_CONTRACT = KernelContract()
