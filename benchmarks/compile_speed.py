@@ -26,10 +26,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from flatcollate import DataCollatorWithFlattening, load_profile
+from flatcollate import DataCollatorWithFlattening
 from flatcollate.bench.repeats import format_spread, run_repeats, serve_worker
 from flatcollate.cli import non_negative_int, positive_int
 from flatcollate.modeling import prepare_model_for_flattening
+from flatcollate.profiles import load_profile
 from flatcollate.synthetic import synthetic_sequences
 from flatcollate.testing import tiny_causal_lm
 

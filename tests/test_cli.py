@@ -72,7 +72,7 @@ def test_every_option_has_a_description_and_its_default_in_help(command, capsys)
 def test_defaults_resolved_at_run_time_are_shown_in_help(capsys):
     from flatcollate.bench.config import SFTBenchConfig
     from flatcollate.bench.tasks.vision import VisionBenchConfig
-    from flatcollate.check import DEFAULT_BACKENDS
+    from flatcollate.check.text import DEFAULT_BACKENDS
 
     texts = {}
     for command in ("check", "bench"):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-from flatcollate.testing import FAMILIES
+from flatcollate.testing.vision_recipes import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -232,7 +232,7 @@ def api_table() -> list[tuple[list[str], list[str]]]:
     text = (ROOT.parent / "README.md").read_text()
     table = text.split("## API", 1)[1].split("\n## ", 1)[0]
     rows = []
-    for line in table.splitlines()[4:]:
+    for line in (line for line in table.splitlines() if line.startswith("| `")):
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if len(cells) >= 3:
             names = re.findall(r"`([\w.]+)", cells[0])

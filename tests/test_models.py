@@ -6,7 +6,8 @@ import re
 import pytest
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen3MoeConfig
 
-from flatcollate.testing import apply_overrides, check_overrides, load_config, tiny_causal_lm, tiny_config
+from flatcollate.testing import tiny_causal_lm, tiny_config
+from flatcollate.testing.tiny_text import apply_overrides, check_overrides, load_config
 
 REAL_CONFIGS = ["qwen2.5-7b", "llama-3.2-3b", "mistral-7b-instruct-v0.2"]
 """Folders of `../shared/data/configs` (architecture only, real sizes)."""

@@ -34,7 +34,8 @@ from transformers.models.auto.modeling_auto import (
 )
 
 from flatcollate.attention import ATTN_IMPLEMENTATION
-from flatcollate.check import DEFAULT_BACKENDS, check_model
+from flatcollate.check import check_model
+from flatcollate.check.text import DEFAULT_BACKENDS
 from flatcollate.check.vision import GRADIENT_CONTROL, SHIFT_CONTROL, not_built_reason
 from flatcollate.testing import tiny_config
 

@@ -3,15 +3,6 @@
 Imports from flatcollate: `_conventions`.
 """
 
-from .dispatch import ATTN_IMPLEMENTATION, packed_attention_forward, register_packed_attention, select_kernel
-from .packed_segments import PackedSegments, segments_from_kwargs, segments_from_position_ids
+from .dispatch import ATTN_IMPLEMENTATION, packed_attention_forward, select_kernel
 
-__all__ = [
-    "ATTN_IMPLEMENTATION",
-    "PackedSegments",
-    "packed_attention_forward",
-    "register_packed_attention",
-    "segments_from_kwargs",
-    "segments_from_position_ids",
-    "select_kernel",
-]
+__all__ = ["ATTN_IMPLEMENTATION", "packed_attention_forward", "select_kernel"]

@@ -12,17 +12,10 @@ Imports from flatcollate: `flatcollate` (its collator), `_conventions`, `_lazy`,
 from .._lazy import lazy_exports
 
 _SOURCES = {
-    "MODES": "config",
     "PairBenchConfig": "config",
     "SFTBenchConfig": "config",
     "VisionBenchConfig": "tasks.vision",
-    "Task": "harness",
-    "Workload": "harness",
-    "get_task": "harness",
     "run_bench": "harness",
-    "task_names": "tasks",
-    "step_batches": "batches",
-    "markdown_table": "report",
     "summary_text": "report",
     "write_report": "report",
 }

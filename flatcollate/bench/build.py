@@ -5,7 +5,7 @@ through the host: no CPU initialisation, no copy), and the summary the report pr
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..testing import apply_overrides, check_overrides, load_config, tiny_config
+from ..testing.tiny_text import apply_overrides, check_overrides, load_config, tiny_config
 from .config import CPU_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -16,7 +16,7 @@ def model_config(config) -> PretrainedConfig:
     """The model config of a benchmark config (`model`, `tiny`, `model_overrides`): the tiny one with the overrides, or
     the config's own sizes with them; no KV cache. A default size of `CPU_MODEL` the family does not define is left
     out (as `tiny_config` leaves out its own); `ValueError` names an override the config lacks or cannot take
-    (`flatcollate.testing.check_overrides`)."""
+    (`flatcollate.testing.tiny_text.check_overrides`)."""
     base, given = load_config(config.model), config.model_overrides
     absent = {key for key, value in CPU_MODEL.items() if not hasattr(base, key) and given.get(key) == value}
     overrides = {key: value for key, value in given.items() if key not in absent}

@@ -175,8 +175,8 @@ def command_line(task, config, out_dir: str | Path) -> str:
 
 def validate(task, config, out_dir: str | Path | None) -> None:
     """Raise `UsageError` for what would fail or mislead later, before any training: a field no benchmark takes, an
-    unknown model, a `--set` value the model's config cannot take (`flatcollate.testing.check_overrides`), CUDA that is
-    not there, what the task itself checks (`Task.validate`: profile, backend, memory, trl...), an output
+    unknown model, a `--set` value the model's config cannot take (`flatcollate.testing.tiny_text.check_overrides`),
+    CUDA that is not there, what the task itself checks (`Task.validate`: profile, backend, memory, trl...), an output
     folder that cannot be written, no matplotlib for the report's plots (the `bench` extra)."""
     import torch
 

@@ -19,15 +19,8 @@ Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `attenti
 from .._lazy import lazy_exports
 
 _SOURCES = {
-    "BackendResult": "report",
     "CheckReport": "report",
-    "DEFAULT_BACKENDS": "text",
-    "TASKS": "tasks",
     "check_model": "model",
-    "exact_within": "vision",
-    "image_text_model_type": "vision",
-    "not_built_reason": "vision",
-    "plan_check": "lengths",
 }
 """Public name -> the module that defines it."""
 

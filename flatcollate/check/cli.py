@@ -19,7 +19,8 @@ TASKS = ("sft", "dpo", "reward")
 """`flatcollate.check.tasks.TASKS` (without importing the check; a test keeps them equal)."""
 
 DEFAULT_BACKENDS_TEXT = "sdpa eager flatcollate"
-"""`flatcollate.check.DEFAULT_BACKENDS` as `--help` shows it (without importing the check; a test keeps them equal)."""
+"""`flatcollate.check.text.DEFAULT_BACKENDS` as `--help` shows it (without importing the check; a test keeps them
+equal)."""
 
 
 def register_cli(subparsers) -> None:

@@ -1,8 +1,8 @@
 """`flatcollate check --task dpo|reward`: the per-sequence outputs that training after SFT reads, on a flattened row.
 
 - `dpo`: each sequence's log-probabilities of its completion (the second half of each sequence), per token, as
-  `flatcollate.sequence_logprobs` computes them for `FlatDPOTrainer` and `FlatGRPOTrainer`, and the gradients of
-  their sum, against each sequence run alone;
+  `flatcollate.preference.sequence_logprobs` computes them for `FlatDPOTrainer` and `FlatGRPOTrainer`, and the
+  gradients of their sum, against each sequence run alone;
 - `reward`: each sequence's score from a sequence-classification head (`sequence_scores`, what `FlatRewardTrainer`
   reads) and the gradients of their sum, against each sequence alone through the model's own forward.
 
@@ -20,7 +20,8 @@ from transformers import AutoModelForSequenceClassification, PretrainedConfig, P
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 
 from .._conventions import IGNORE_INDEX
-from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, unsupported_reason
+from ..modeling import prepare_model_for_flattening, unsupported_reason
+from ..modeling.stateful_layers import SEGMENTED_MIXERS
 from ..preference.logprobs import flattened_logprobs
 from ..preference.scores import classifier_parts, prepare_reward_model, sequence_scores
 from ..testing import tiny_causal_lm, tiny_config

@@ -15,8 +15,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from .._conventions import IGNORE_INDEX
 from ..attention import ATTN_IMPLEMENTATION
 from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
-from ..modeling import SEGMENTED_MIXERS
 from ..modeling.family_positions import position_start
+from ..modeling.stateful_layers import SEGMENTED_MIXERS
 from ..testing import tiny_causal_lm, tiny_config
 from .lengths import plan_check
 from .report import CheckReport, max_diff, max_grad_diff

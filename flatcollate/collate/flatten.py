@@ -81,7 +81,7 @@ def _refuse_images(features: Sequence[Mapping[str, Any]]) -> None:
             raise ValueError(
                 f"example {index}: `{found[0]}` is an image field, which this text collator would drop (the model "
                 "would train the image placeholders without their images). Collate image-text examples with "
-                "`flatcollate.VisionDataCollatorWithFlattening.from_model(model)`."
+                "`flatcollate.vision.VisionDataCollatorWithFlattening.from_model(model)`."
             )
 
 

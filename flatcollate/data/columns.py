@@ -195,7 +195,7 @@ def split_columns(table: pa.Table, lengths: np.ndarray) -> tuple[list[str], list
         raise ValueError(
             f"`{images[0]}` is an image column; packing keeps per-token columns only, so the image placeholders of "
             "`input_ids` would be trained without their images. Train image-text rows unpacked, collated by "
-            "`flatcollate.VisionDataCollatorWithFlattening.from_model(model)`."
+            "`flatcollate.vision.VisionDataCollatorWithFlattening.from_model(model)`."
         )
     carried, left_out = ["input_ids"], []
     if "labels" in table.column_names:

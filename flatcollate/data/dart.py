@@ -1,6 +1,8 @@
-"""Names DART-Math users know, mapped onto flatcollate's pipeline.
+"""DART-Math's names, mapped onto flatcollate's pipeline: the one compatibility layer of the library, so code written
+for DART-Math runs after one import line changes (`from flatcollate.data.dart import PackedDataset,
+make_supervised_dset`).
 
-| DART-Math                                              | here                                               |
+| DART-Math                                              | flatcollate                                        |
 |--------------------------------------------------------|----------------------------------------------------|
 | `make_supervised_dset(tokenizer, data_path, ...)`      | `make_supervised_dataset(tokenizer, data, ...)`    |
 | `PackedDataset(dataset, tokenizer, pack_len, seed)`    | `flatcollate.data.PackedDataset` (same signature)  |
@@ -12,7 +14,8 @@ import os
 import datasets
 from transformers import PreTrainedTokenizerBase
 
-from .dataset import PackedDataset
+from . import dataset
+from .dataset import PackingStats
 from .supervised import make_supervised_dataset
 
 
@@ -53,6 +56,14 @@ def make_supervised_dset(
         cache_dir=tokenized_cache_home,
         num_proc=num_proc,
     )
+
+
+class PackedDataset(dataset.PackedDataset):
+    """`flatcollate.data.PackedDataset` with DART-Math's name for its statistics, `stat()`."""
+
+    def stat(self) -> PackingStats:
+        """Print and return the `PackingStats` (`stats()`)."""
+        return self.stats()
 
 
 __all__ = ["PackedDataset", "make_supervised_dset"]

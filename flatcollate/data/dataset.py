@@ -177,7 +177,8 @@ def pack_dataset(
 
 
 class PackedDataset(torch.utils.data.Dataset):
-    """A map-style dataset of packed rows, with the signature DART-Math users know.
+    """A map-style dataset of packed rows, with the signature DART-Math users know (its `stat()` is in
+    `flatcollate.data.dart`).
 
     Args:
         dataset (`datasets.Dataset`): tokenized rows with `input_ids` (and `labels`).
@@ -218,7 +219,3 @@ class PackedDataset(torch.utils.data.Dataset):
         if verbose:
             print(self._stats)
         return self._stats
-
-    def stat(self) -> PackingStats:
-        """DART-Math name for `stats()`."""
-        return self.stats()

@@ -4,7 +4,7 @@ import warnings
 
 from transformers import PreTrainedModel
 
-from ..attention import ATTN_IMPLEMENTATION, register_packed_attention
+from ..attention.dispatch import ATTN_IMPLEMENTATION, register_packed_attention
 from .composite import isolate_vision_towers, per_sub_config
 from .families import takes_packed_backend, unsupported_reason
 from .guard import install_guard
@@ -24,10 +24,10 @@ def prepare_model_for_flattening(
     """Make `model` exact on flattened batches: no token attends across a sequence boundary.
 
     It selects the packed attention backend, runs layers that carry state along the row (Mamba, gated delta rule,
-    short convolutions) once per sequence (`flatcollate.modeling.segment_mixers`), refuses families that cannot be
-    exact, and installs a guard on the model's forward. The guard raises when a flattened batch arrives with an
-    `attention_mask`, `use_cache=True` or `past_key_values` (each silently makes sequences attend to each other in
-    transformers' own backends), runs flattened batches without a cache when the config's default would build one,
+    short convolutions) once per sequence (`flatcollate.modeling.stateful_layers.segment_mixers`), refuses families
+    that cannot be exact, and installs a guard on the model's forward. The guard raises when a flattened batch arrives
+    with an `attention_mask`, `use_cache=True` or `past_key_values` (each silently makes sequences attend to each other
+    in transformers' own backends), runs flattened batches without a cache when the config's default would build one,
     checks `position_ids` against `cu_seq_lens` (deriving them when missing), and lets every other call through.
 
     Every module that reads the backend from a config of its own (a decoder layer taken from another model) gets a

@@ -4,20 +4,15 @@ heads for tokens inside attention, and normalise the loss over the whole row.
 Imports from flatcollate: `_conventions`, `boundaries`, `attention`, `collate`, `modeling`.
 """
 
-from .attention import SP_ATTN_IMPLEMENTATION, SequenceParallelContext, sequence_parallel_attention_forward
 from .loss import count_shifted_items, sequence_parallel_loss
 from .prepare import prepare_model_for_sequence_parallel, sequence_parallel_mesh
-from .split import DataCollatorForSequenceParallel, shift_labels_of_row, split_for_sequence_parallel
+from .split import DataCollatorForSequenceParallel, split_for_sequence_parallel
 
 __all__ = [
-    "SP_ATTN_IMPLEMENTATION",
     "DataCollatorForSequenceParallel",
-    "SequenceParallelContext",
     "count_shifted_items",
     "prepare_model_for_sequence_parallel",
-    "sequence_parallel_attention_forward",
     "sequence_parallel_loss",
     "sequence_parallel_mesh",
-    "shift_labels_of_row",
     "split_for_sequence_parallel",
 ]

@@ -95,7 +95,7 @@ def sequence_parallel_attention_forward(
     if context is None:
         raise ValueError(
             f"{type(module).__name__} runs the {SP_ATTN_IMPLEMENTATION!r} backend without a sequence-parallel group; "
-            "select it with `flatcollate.prepare_model_for_sequence_parallel(model, group)`."
+            "select it with `flatcollate.parallel.prepare_model_for_sequence_parallel(model, group)`."
         )
     batch, query_heads, length, _ = query.shape
     if attention_mask is not None or key.shape[2] != length or batch != 1:

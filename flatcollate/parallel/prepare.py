@@ -9,9 +9,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import PreTrainedModel
 
-from ..modeling import SEGMENTED_MIXERS, prepare_model_for_flattening, takes_packed_backend, unsupported_reason
+from ..modeling import prepare_model_for_flattening, unsupported_reason
 from ..modeling.composite import text_config_key
+from ..modeling.families import takes_packed_backend
 from ..modeling.prepared_state import mark_in_force
+from ..modeling.stateful_layers import SEGMENTED_MIXERS
 from .attention import (
     SequenceParallelContext,
     attach_context,

@@ -20,7 +20,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
-from ..modeling import install_guard, prepare_model_for_flattening
+from ..modeling import prepare_model_for_flattening
+from ..modeling.guard import install_guard
 from ..modeling.heads import head_reason
 from ..modeling.prepared_state import GUARD_ATTRIBUTE
 

@@ -10,26 +10,12 @@ Imports from flatcollate: `_conventions`, `_lazy`.
 from .._lazy import lazy_exports
 
 _SOURCES = {
-    "LengthProfile": "length_profile",
-    "PairProfile": "pair_profile",
-    "available_pair_profiles": "names",
-    "available_profiles": "names",
     "load_pair_profile": "pair_profile",
     "load_profile": "load",
-    "padded_batches": "load",
     "padded_fill": "load",
 }
 """Public name -> the module that defines it."""
 
-__all__ = [
-    "LengthProfile",
-    "PairProfile",
-    "available_pair_profiles",
-    "available_profiles",
-    "load_pair_profile",
-    "load_profile",
-    "padded_batches",
-    "padded_fill",
-]
+__all__ = sorted(_SOURCES)
 
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, __all__)

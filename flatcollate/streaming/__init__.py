@@ -3,26 +3,9 @@
 Imports from flatcollate: `_conventions`, `boundaries`, `collate`, `data`.
 """
 
-from .bins import OnlineBins
-from .examples import encode_row, fit_to_pack
-from .interleaving import InterleavedSource, interleave
-from .loader_state import load_loader_state, saved_num_workers
+from .interleaving import interleave
+from .loader_state import load_loader_state
 from .packer import StreamingPacker
 from .skips import StreamStats
-from .sources import IterableSource, RowSource, SequenceSource, as_source
 
-__all__ = [
-    "InterleavedSource",
-    "IterableSource",
-    "OnlineBins",
-    "RowSource",
-    "SequenceSource",
-    "StreamStats",
-    "StreamingPacker",
-    "as_source",
-    "encode_row",
-    "fit_to_pack",
-    "interleave",
-    "load_loader_state",
-    "saved_num_workers",
-]
+__all__ = ["StreamStats", "StreamingPacker", "interleave", "load_loader_state"]

@@ -136,7 +136,7 @@ def _refuse_lost_fields(encoded: Mapping[str, Any], length: int, *, origin: str,
         raise ValueError(
             f"{origin}: `{images[0]}` is an image field; the packer keeps only `input_ids` and `labels`, so the image "
             "placeholders would be trained without their images. Train image-text rows unpacked, collated by "
-            "`flatcollate.VisionDataCollatorWithFlattening.from_model(model)`."
+            "`flatcollate.vision.VisionDataCollatorWithFlattening.from_model(model)`."
         )
     unknown = unknown_per_token_keys(encoded, _KNOWN_KEYS, length)
     if unknown:

@@ -38,7 +38,8 @@ class StreamStats(EncodeStats):
             order (`"row 12"`, `"source 1 row 3 (stream row 9)"`).
         first_messages (`dict[str, str]`): the message of the first skipped row of each reason.
 
-    The fields and their printed form are those of `flatcollate.data.EncodeStats`; rows are named by their origin.
+    The fields and their printed form are those of `flatcollate.data.supervised.EncodeStats`; rows are named by their
+    origin.
 
     >>> print(StreamStats(4, 3, {"no_assistant": 1}, {"no_assistant": ["row 2"]}, {"no_assistant": "row 2: ..."}))
     encoded 3 of 4 rows

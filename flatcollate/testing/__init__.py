@@ -20,15 +20,8 @@ Imports from flatcollate: `_lazy`.
 from .._lazy import lazy_exports
 
 _SOURCES = {
-    "TINY_FAMILY_SIZES": "tiny_text",
-    "TINY_SIZES": "tiny_text",
-    "apply_overrides": "tiny_text",
-    "check_overrides": "tiny_text",
-    "load_config": "tiny_text",
     "tiny_causal_lm": "tiny_text",
     "tiny_config": "tiny_text",
-    "FAMILIES": "vision_recipes",
-    "TINY_BUILD_NOTES": "tiny_vision",
     "tiny_vision_examples": "tiny_vision",
     "tiny_vision_lm": "tiny_vision",
 }

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from .vision_blocks import (
     fuyu_rows,
     idefics_tiles,
-    image_id,
-    image_token_types,
     pixtral_rows,
     plain_block,
     suffix_token_types,
@@ -35,8 +33,6 @@ from .vision_pixels import (
     square_pixels,
     tile_pixels,
 )
-
-__all__ = ["FAMILIES", "Family", "image_id", "image_token_types"]
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,6 @@ Imports from flatcollate: `_conventions`, `boundaries`.
 """
 
 from .evaluation import split_flattened_predictions
-from .loss import (
-    count_items,
-    global_num_items,
-    normalized_loss,
-    sequence_loss_terms,
-    token_loss_terms,
-)
+from .loss import count_items, global_num_items, normalized_loss
 
-__all__ = [
-    "count_items",
-    "global_num_items",
-    "normalized_loss",
-    "sequence_loss_terms",
-    "split_flattened_predictions",
-    "token_loss_terms",
-]
+__all__ = ["count_items", "global_num_items", "normalized_loss", "split_flattened_predictions"]

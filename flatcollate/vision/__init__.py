@@ -4,7 +4,6 @@ composite-model handling `prepare_model_for_flattening` applies to image-text-to
 Imports from flatcollate: `_conventions`, `collate`, `modeling`.
 """
 
-from ..modeling.multimodal_positions import multimodal_position_ids
 from .collate import VisionDataCollatorWithFlattening
 from .layouts import VisionLayout
 from .processors import images_only, load_processor
@@ -14,5 +13,4 @@ __all__ = [
     "VisionLayout",
     "images_only",
     "load_processor",
-    "multimodal_position_ids",
 ]

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.attention import PackedSegments, capabilities
+from flatcollate.attention import capabilities
 from flatcollate.attention.features import wrong_gradients
 from flatcollate.attention.kernels import sdpa_kernel
+from flatcollate.attention.packed_segments import PackedSegments
 from flatcollate.boundaries import lengths_to_cu_seqlens
 from flatcollate.testing.reference_flash_attn import flash_attn_4_varlen_func, flash_attn_varlen_func
 from flatcollate.testing.reference_kernels import KernelContract, varlen_attn, varlen_attn_like

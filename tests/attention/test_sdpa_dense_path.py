@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.attention import PackedSegments, length_batches
+from flatcollate.attention import length_batches
 from flatcollate.attention.kernels import sdpa_kernel
+from flatcollate.attention.packed_segments import PackedSegments
 from flatcollate.boundaries import lengths_to_cu_seqlens
 from flatcollate.testing.reference_kernels import varlen_attention
 

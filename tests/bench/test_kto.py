@@ -11,8 +11,8 @@ import pytest
 from flatcollate.bench.config import PairBenchConfig
 from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.tasks.kto import padded_kto_tokens, unpaired_lengths
-from flatcollate.synthetic import PairDraw, offline_tokenizer
-from flatcollate.synthetic.pairs import pair_texts
+from flatcollate.synthetic import offline_tokenizer
+from flatcollate.synthetic.pairs import PairDraw, pair_texts
 
 trl = pytest.importorskip("trl")
 

@@ -7,7 +7,7 @@ import pytest
 from flatcollate.bench.config import PairBenchConfig
 from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.profiles.pair_profile import load_pair_profile
-from flatcollate.synthetic import PairDraw
+from flatcollate.synthetic.pairs import PairDraw
 
 
 def test_draws_are_seeded_and_leave_out_prompts_that_fill_max_length():

@@ -8,15 +8,11 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from flatcollate.profiles import (
-    LengthProfile,
-    available_pair_profiles,
-    available_profiles,
-    load_profile,
-    padded_batches,
-    padded_fill,
-)
+from flatcollate.profiles import load_profile, padded_fill
+from flatcollate.profiles.length_profile import LengthProfile
+from flatcollate.profiles.load import padded_batches
 from flatcollate.profiles.make import SOURCES, make_pair_profiles, make_profiles
+from flatcollate.profiles.names import available_pair_profiles, available_profiles
 from flatcollate.profiles.pair_profile import load_pair_profile, split_pair
 
 STATS_KEY = {"flan": "t0", "gsm8k": "gsm8k", "code_alpaca": "code_alpaca", "hh_rlhf": "hh"}

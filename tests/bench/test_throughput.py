@@ -23,7 +23,8 @@ from flatcollate.bench.harness import PROFILE_DRAWS, get_task, in_process, run_b
 from flatcollate.bench.report import headline_lines, markdown_table, report_files, summary_text, write_report
 from flatcollate.bench.summary import cpu_name, headline
 from flatcollate.bench.timing import MAX_SETTLE_PASSES
-from flatcollate.profiles import LengthProfile, load_profile, padded_fill
+from flatcollate.profiles import load_profile, padded_fill
+from flatcollate.profiles.length_profile import LengthProfile
 from flatcollate.synthetic import synthetic_sequences
 
 TINY = {

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from flatcollate.data import PackedDataset, build_encoder, make_supervised_dataset, make_supervised_dset
+from flatcollate.data import PackedDataset, build_encoder, dart, make_supervised_dataset
 
 from .label_runs import trained_runs
 
@@ -74,9 +74,10 @@ def test_errors_name_file_row_and_field(gpt2, tmp_path):
 
 
 def test_dart_names(gpt2, gsm8k_rows, capsys):
+    """DART-Math's names, all in its one compatibility module."""
     rows = datasets.Dataset.from_list(gsm8k_rows)
-    dset = make_supervised_dset(gpt2, rows, query_field="question", resp_field="answer")
-    packed = PackedDataset(dset, gpt2, 1024, 0)
+    dset = dart.make_supervised_dset(gpt2, rows, query_field="question", resp_field="answer")
+    packed = dart.PackedDataset(dset, gpt2, 1024, 0)
     stats = packed.stat()
     assert "60 sequences" in capsys.readouterr().out
     assert stats.num_tokens == sum(len(r) for r in dset["input_ids"])

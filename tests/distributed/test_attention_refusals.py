@@ -3,8 +3,11 @@
 import pytest
 import torch
 
-from flatcollate.parallel import SequenceParallelContext, sequence_parallel_attention_forward
-from flatcollate.parallel.attention import CONTEXT_ATTRIBUTE
+from flatcollate.parallel.attention import (
+    CONTEXT_ATTRIBUTE,
+    SequenceParallelContext,
+    sequence_parallel_attention_forward,
+)
 
 
 def layer(size: int) -> torch.nn.Module:

@@ -8,8 +8,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from flatcollate import prepare_model_for_sequence_parallel
-from flatcollate.parallel import sequence_parallel_mesh
+from flatcollate.parallel import prepare_model_for_sequence_parallel, sequence_parallel_mesh
 from flatcollate.testing import tiny_causal_lm
 from flatcollate.testing.tiny_vision import tiny_vision_lm
 

@@ -8,7 +8,8 @@ import torch
 
 from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from flatcollate.modeling import guard as guard_module
-from flatcollate.modeling import install_guard, prepare_model_for_flattening, unsupported_reason
+from flatcollate.modeling import prepare_model_for_flattening, unsupported_reason
+from flatcollate.modeling.guard import install_guard
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [5, 1, 9, 3]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flatcollate.check import check_model
-from flatcollate.modeling import prepare_model_for_flattening, row_bounds, segment_mixers
-from flatcollate.modeling.stateful_layers import _concat
+from flatcollate.modeling import prepare_model_for_flattening
+from flatcollate.modeling.stateful_layers import _concat, row_bounds, segment_mixers
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = (7, 1, 12, 4)

@@ -19,9 +19,9 @@ import copy
 import pytest
 import torch
 
-from flatcollate import prepare_model_for_flattening, sequence_logprobs
+from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from flatcollate.preference import logprobs
+from flatcollate.preference import logprobs, sequence_logprobs
 from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 

@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from flatcollate.streaming import OnlineBins
-from flatcollate.streaming.bins import Item, packs_from_state, packs_to_state
+from flatcollate.streaming.bins import Item, OnlineBins, packs_from_state, packs_to_state
 
 
 def reference_pack(lengths, *, pack_len, buffer_size, strategy):

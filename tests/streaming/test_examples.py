@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.streaming import StreamingPacker, encode_row
+from flatcollate.streaming import StreamingPacker
+from flatcollate.streaming.examples import encode_row
 
 MASK_ROWS = [
     {"input_ids": [1, 2, 3, 4], "completion_mask": [0, 0, 1, 1]},

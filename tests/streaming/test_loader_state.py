@@ -4,7 +4,8 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.streaming import StreamingPacker, load_loader_state, saved_num_workers
+from flatcollate.streaming import StreamingPacker, load_loader_state
+from flatcollate.streaming.loader_state import saved_num_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 

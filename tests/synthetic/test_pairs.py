@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from flatcollate.profiles.pair_profile import load_pair_profile
-from flatcollate.synthetic import PairDraw, pair_texts, reward_texts, sample_pairs
+from flatcollate.synthetic.pairs import PairDraw, pair_texts, reward_texts, sample_pairs
 
 
 def test_samples_are_seeded_and_whole_samples_fit():

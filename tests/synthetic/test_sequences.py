@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from flatcollate.profiles import LengthProfile
+from flatcollate.profiles.length_profile import LengthProfile
 from flatcollate.synthetic import synthetic_sequences
 
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.testing import tiny_causal_lm
-from flatcollate.training import count_items, normalized_loss, sequence_loss_terms, token_loss_terms
+from flatcollate.training import count_items, normalized_loss
+from flatcollate.training.loss import sequence_loss_terms, token_loss_terms
 
 COLLATE = DataCollatorWithFlattening()
 

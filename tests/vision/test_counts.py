@@ -11,7 +11,7 @@ import torch
 from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import TOKEN_TYPE_FIELDS
 from flatcollate.testing.tiny_vision import FAMILIES, tiny_vision_examples, tiny_vision_lm
-from flatcollate.testing.vision_recipes import image_id
+from flatcollate.testing.vision_blocks import image_id
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.layouts import VisionLayout, expected_placeholders
 

@@ -8,9 +8,9 @@ import torch
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.modeling.composite import TEXT_ROW_KEYS, vision_towers
-from flatcollate.modeling.multimodal_positions import rope_index_of
+from flatcollate.modeling.multimodal_positions import multimodal_position_ids, rope_index_of
 from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
-from flatcollate.vision import VisionDataCollatorWithFlattening, multimodal_position_ids
+from flatcollate.vision import VisionDataCollatorWithFlattening
 
 from .test_flattened_exact import alone
 

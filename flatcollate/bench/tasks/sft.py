@@ -68,7 +68,7 @@ def workload(config: SFTBenchConfig) -> Workload:
 def measure(config: SFTBenchConfig, mode: str, device: torch.device) -> dict:
     """Worker: build the model (prepared by flatcollate unless the mode is transformers' own path), collate the mode's
     batches, warm up and time one pass (`flatcollate.bench.timing.timed_pass`)."""
-    from ...attention import register_packed_attention
+    from ...attention.dispatch import register_packed_attention
     from ...modeling.prepare import prepare_model_for_flattening
 
     model = build_on_device(

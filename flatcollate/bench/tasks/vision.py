@@ -26,7 +26,7 @@ from ...synthetic.images import (
     draw_vision_pool,
     vision_examples,
 )
-from ...testing import apply_overrides, check_overrides
+from ...testing.tiny_text import apply_overrides, check_overrides
 from ...testing.tiny_vision import tiny_vision_config
 from ...vision import VisionDataCollatorWithFlattening
 from ..batches import Plan, pad_examples, plan_modes
@@ -66,7 +66,7 @@ class VisionBenchConfig(BenchConfig):
 
 def vision_model_config(config: VisionBenchConfig) -> PretrainedConfig:
     """`tiny_vision_config("qwen2_5_vl")` with the `model_overrides` sizes (`ValueError` for sizes its text config
-    cannot take, `flatcollate.testing.check_overrides`); mRoPE sections split half a head 2:3:3
+    cannot take, `flatcollate.testing.tiny_text.check_overrides`); mRoPE sections split half a head 2:3:3
     (as Qwen2.5-VL's 16, 24, 24), the projector's width follows the text model's."""
     model_config = tiny_vision_config("qwen2_5_vl")
     check_overrides(model_config.text_config, config.model_overrides)
