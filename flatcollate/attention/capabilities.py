@@ -12,6 +12,7 @@ kernels. A kernel function is `None` where it is not available.
 
 import functools
 import importlib
+import importlib.metadata
 import inspect
 import typing
 import warnings
@@ -87,6 +88,19 @@ def parameters(function: Callable | None) -> frozenset[str]:
     ['k', 'q', 'scale']
     """
     return frozenset() if function is None else frozenset(inspect.signature(function).parameters)
+
+
+def installed_version(function: Callable) -> str:
+    """The distribution and version `function`'s module was installed from (`flash-attn-3 3.0.0b1`), or what is known
+    of it (`flash_attn_interface, version unknown`) for a module no installed distribution lists.
+
+    >>> installed_version(importlib.import_module("torch").zeros).startswith("torch ")
+    True
+    """
+    top = function.__module__.partition(".")[0]
+    for distribution in importlib.metadata.packages_distributions().get(top, []):
+        return f"{distribution} {importlib.metadata.version(distribution)}"
+    return f"{function.__module__}, version unknown"
 
 
 def takes(function: Callable, name: str) -> bool:

@@ -61,9 +61,10 @@ def lacking(name: str, *, dropout: float, softcap: float | None, sinks: bool) ->
     missing = [feature for feature, on in asked.items() if on and feature not in have]
     older = [feature for feature in missing if feature in FEATURES.get(name, frozenset())]  # this build lacks it
     if older:
+        version = capabilities.installed_version(capabilities.flash_attn_3_varlen_func)
         _warn_once(
-            f"The installed `{name}` has no {' or '.join(WORDS[f] for f in older)} (an older build): such layers run "
-            f"on the next kernel. Update it to run them on `{name}`."
+            f"The installed `{name}` ({version}) has no {' or '.join(WORDS[f] for f in older)}: such layers run on "
+            f"the next kernel. Update it to run them on `{name}`."
         )
     return [WORDS[feature] for feature in missing]
 
