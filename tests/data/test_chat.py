@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from flatcollate.data import RowError, SkippedRow, build_encoder
 from flatcollate.data.chat import ChatRenderer
 
+from .chat_rows import MIXED
 from .label_runs import trained_runs
 
 CHAT_KWARGS = {
@@ -24,21 +25,6 @@ CHAT_KWARGS = {
     "mistral-7b-instruct-v0.2": {},
 }
 TRAINING_TEMPLATES = {"qwen2.5-instruct": "qwen2_5_training.jinja", "llama-3.2-instruct": "llama3_training.jinja"}
-# Mistral-Nemo's way with the system message: it is written into the *last* user turn only, so it vanishes from a
-# conversation that ends on an assistant reply.
-CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-# A plain chat and a tool-calling one, each message with only its own keys.
-MIXED = [
-    {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}]},
-    {
-        "messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "tool_calls": [CALL]},
-            {"role": "tool", "name": "get_weather", "tool_call_id": "call_1", "content": "sunny"},
-            {"role": "assistant", "content": "It is sunny."},
-        ]
-    },
-]
 # One type for every message, as Parquet and `Dataset.from_list` store mixed conversations: None where it has none.
 MESSAGE = {
     "role": datasets.Value("string"),
@@ -53,6 +39,8 @@ MESSAGE = {
     "tool_call_id": datasets.Value("string"),
     "reasoning_content": datasets.Value("string"),
 }
+# Mistral-Nemo's way with the system message: it is written into the *last* user turn only, so it vanishes from a
+# conversation that ends on an assistant reply.
 SYSTEM_IN_LAST_USER_TURN = (
     "{%- if messages[0].role == 'system' %}{%- set system = messages[0].content %}"
     "{%- set messages = messages[1:] %}{%- endif %}{{ bos_token }}"

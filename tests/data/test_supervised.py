@@ -12,21 +12,10 @@ from transformers import AutoTokenizer
 
 from flatcollate.data import PackedDataset, build_encoder, dart, make_supervised_dataset
 
+from .chat_rows import MIXED
 from .label_runs import trained_runs
 
 LLAMA_KWARGS = {"date_string": "26 Jul 2024"}
-CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-MIXED = [  # a plain chat and a tool-calling one, each message with only its own keys
-    {"messages": [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}]},
-    {
-        "messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "tool_calls": [CALL]},
-            {"role": "tool", "name": "get_weather", "tool_call_id": "call_1", "content": "sunny"},
-            {"role": "assistant", "content": "It is sunny."},
-        ]
-    },
-]
 
 
 @pytest.fixture(scope="module")
