@@ -13,7 +13,7 @@ No function here loops over tokens: boundaries come from `cumsum`, `repeat` and 
 
 import numpy as np
 
-from ._conventions import NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
+from ._conventions import IGNORE_INDEX, NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
 
 
 def lengths_to_cu_seqlens(lengths: np.ndarray) -> np.ndarray:
@@ -111,3 +111,25 @@ def max_length(cu_seqlens: np.ndarray) -> int:
     """
     cu = np.asarray(cu_seqlens)
     return int(np.diff(cu).max()) if len(cu) > 1 else 0
+
+
+def next_token_labels(labels, cu_seqlens):
+    """The label each token predicts: the next token's inside its sequence, -100 on every sequence's last token, so no
+    sequence predicts the next one's first token, whatever label that token has.
+
+    Args:
+        labels (`np.ndarray` or `torch.Tensor` of shape `(..., T)`, int64): -100 where a token carries no loss.
+        cu_seqlens (`np.ndarray` or `torch.Tensor` of shape `(N + 1,)`, integer): the row's boundaries.
+
+    Returns:
+        The same type and shape as `labels`.
+
+    >>> next_token_labels(np.array([-100, 5, 6, -100, 8]), np.array([0, 3, 5])).tolist()
+    [5, 6, -100, 8, -100]
+    """
+    shifted = labels.copy() if isinstance(labels, np.ndarray) else labels.clone()
+    shifted[..., :-1] = labels[..., 1:]
+    last = cu_seqlens[1:] - 1
+    shifted[..., last if isinstance(labels, np.ndarray) else last.to(labels.device)] = IGNORE_INDEX
+    shifted[..., -1:] = IGNORE_INDEX
+    return shifted

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._conventions import IDS_DTYPE, IGNORE_INDEX
-from ..boundaries import cu_seqlens_to_position_ids, max_length
+from .._conventions import IDS_DTYPE
+from ..boundaries import cu_seqlens_to_position_ids, max_length, next_token_labels
 from ..collate.flattening import DataCollatorWithFlattening
 from ..collate.padding import pad_as_own_segment
 
@@ -30,26 +30,6 @@ SPLIT_KEYS = ("input_ids", "position_ids", "shift_labels")
 
 _READ_KEYS = frozenset({"input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k"})
 _ROW_KEYS = frozenset({"max_length_q", "max_length_k"})
-
-
-def shift_labels_of_row(labels: np.ndarray, cu_seqlens: np.ndarray) -> np.ndarray:
-    """Next-token labels of a flattened row: `labels[t + 1]`, and -100 on the last token of every sequence.
-
-    Args:
-        labels (`np.ndarray` of shape `(T,)`, int64): -100 where a token carries no loss.
-        cu_seqlens (`np.ndarray` of shape `(N + 1,)`, integer): the row's boundaries.
-
-    Returns:
-        `np.ndarray` of shape `(T,)`, int64. No token predicts the first token of the next sequence, whatever label
-        that token has.
-
-    >>> shift_labels_of_row(np.array([-100, 5, 6, -100, 8]), np.array([0, 3, 5])).tolist()
-    [5, 6, -100, 8, -100]
-    """
-    shifted = np.full(labels.shape, IGNORE_INDEX, dtype=np.int64)
-    shifted[:-1] = labels[1:]
-    shifted[np.asarray(cu_seqlens[1:], dtype=np.int64) - 1] = IGNORE_INDEX
-    return shifted
 
 
 def _as_numpy(value: Any, key: str) -> np.ndarray:
@@ -135,7 +115,7 @@ def split_for_sequence_parallel(
         given = _as_numpy(batch["position_ids"], "position_ids").reshape(-1).astype(np.int64, copy=False)
         start = int(given[0]) if total else 0  # the collator's `position_ids_start`: padding restarts there too
         positions = np.concatenate([given, np.arange(pad, dtype=np.int64) + start])
-    shifted = shift_labels_of_row(padded_labels, padded_cu)
+    shifted = next_token_labels(padded_labels, padded_cu.astype(np.int64))
     local = padded_ids.shape[0] // world_size
     part = slice(rank * local, (rank + 1) * local)
     out: dict[str, torch.Tensor | int] = {

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX
-from ..boundaries import position_ids_to_cu_seqlens
+from ..boundaries import next_token_labels, position_ids_to_cu_seqlens
 from ..modeling.prepared_state import is_prepared
 
 NOT_MODEL_INPUTS = ("labels", "completion_mask", "seq_lengths", "ref_chosen_logps", "ref_rejected_logps")
@@ -39,18 +39,6 @@ def sequence_bounds(batch: Mapping) -> torch.Tensor:
             "DataCollatorForPreference`."
         )
     return torch.from_numpy(position_ids_to_cu_seqlens(positions[0].cpu().numpy()).astype(np.int64))
-
-
-def next_token_labels(labels: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
-    """The label each position predicts, `(1, T)`: the next token's label inside a sequence, -100 at its last token.
-
-    >>> next_token_labels(torch.tensor([[-100, 5, 6, -100, 8]]), torch.tensor([0, 3, 5])).tolist()
-    [[5, 6, -100, 8, -100]]
-    """
-    shifted = torch.full_like(labels, IGNORE_INDEX)
-    shifted[:, :-1] = labels[:, 1:]
-    shifted[:, (bounds[1:] - 1).to(labels.device)] = IGNORE_INDEX  # the shift stops at every boundary
-    return shifted
 
 
 def sequence_logprobs(

@@ -19,7 +19,7 @@ import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
 from ..._conventions import IGNORE_INDEX, IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from ...preference.logprobs import next_token_labels
+from ...boundaries import next_token_labels
 
 MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 VISION_INPUTS = (*TOKEN_TYPE_FIELDS, *IMAGE_FIELDS)

@@ -18,8 +18,8 @@ import torch
 from trl import GRPOTrainer
 
 from ..._conventions import IGNORE_INDEX
+from ...boundaries import next_token_labels
 from ...modeling import prepare_model_for_flattening
-from ...preference.logprobs import next_token_labels
 
 
 class FlatGRPOTrainer(GRPOTrainer):
