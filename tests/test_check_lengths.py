@@ -45,6 +45,7 @@ def test_soft_capping_is_made_to_bite():
     assert plan.exercised["soft-capping"].startswith("yes")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shift", [1, -1])
 def test_a_window_off_by_one_in_the_packed_kernel_fails_the_check(monkeypatch, shift):
     config = tiny_config("mistral", sliding_window=4096)  # a real-size window, as in Mistral's own config

@@ -12,6 +12,8 @@ from flatcollate.cli import main
 from flatcollate.testing import tiny_vision as tiny
 from flatcollate.testing.tiny_vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_lm
 
+pytestmark = pytest.mark.slow
+
 TOL = 1e-5
 
 

@@ -32,6 +32,7 @@ def test_version(capsys):
     assert code == 0 and out.strip() == f"flatcollate {flatcollate.__version__}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["check", "--help"], ["bench", "--help"]])
 def test_help_and_version_do_not_import_torch_or_transformers(argv):
     script = (
@@ -46,6 +47,7 @@ def test_help_and_version_do_not_import_torch_or_transformers(argv):
     assert code == 0 and heavy == [], done.stdout
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli():
     done = subprocess.run(
         [sys.executable, "-m", "flatcollate", "check", "./no-such-dir"], capture_output=True, text=True, timeout=300
@@ -119,6 +121,7 @@ def test_check_folder_without_config(capsys, tmp_path):
     _assert_usage_error(code, err, "config.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "reason"), [("t5", "encoder-decoder"), ("rwkv", "carry state across sequence boundaries")]
 )
@@ -169,6 +172,7 @@ def test_check_refuses_lengths_whose_reference_would_not_fit(capsys):
     _assert_usage_error(code, err, "--lengths", "4096")
 
 
+@pytest.mark.slow
 def test_check_exit_status_is_the_flatcollate_backend(capsys):
     # opt's own sdpa/eager mix sequences; the backend prepare_model_for_flattening selects is exact.
     code, out, _ = _run(capsys, "check", "opt", "--lengths", "3", "5")

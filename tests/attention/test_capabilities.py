@@ -155,6 +155,7 @@ print(json.dumps({"detected": capabilities.detected(), "warnings": [str(w.messag
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["flash_attn_4", "broken_flash_attn_2"])
 def test_a_fresh_interpreter_imports_and_prepares(tmp_path, case):
     folder = write_case(tmp_path, case)

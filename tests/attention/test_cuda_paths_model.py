@@ -30,6 +30,8 @@ from flatcollate.testing.reference_kernels import (
     varlen_attn_like,
 )
 
+pytestmark = pytest.mark.slow
+
 LENGTHS = [11, 1, 6, 17, 3]
 HEAD_DIM = 32  # flash-attn-4 trains head dims that are multiples of 32 only (`features.wrong_gradients`)
 CPU_FP32 = KernelContract(dtypes=(torch.float32,), device_type="cpu")

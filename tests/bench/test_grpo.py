@@ -15,6 +15,8 @@ trl = pytest.importorskip("trl")
 from flatcollate.bench.tasks.grpo import grpo_batches, padded_grpo_tokens  # noqa: E402  (needs trl)
 from flatcollate.integrations.trl.grpo import CompletionRows  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
 SIZES |= {"head_dim": 16, "num_hidden_layers": 2, "vocab_size": 256}
 TINY = {"steps": 2, "warmup_steps": 1, "repeats": 1, "batch_size": 2, "max_length": 128, "model_overrides": SIZES}

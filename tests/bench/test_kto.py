@@ -14,6 +14,8 @@ from flatcollate.bench.tasks.kto import padded_kto_tokens, unpaired_lengths
 from flatcollate.synthetic import offline_tokenizer
 from flatcollate.synthetic.pairs import PairDraw, pair_texts
 
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 
 

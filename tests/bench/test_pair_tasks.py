@@ -21,6 +21,8 @@ from flatcollate.bench.pairs import draw_pairs, padded_pair_tokens
 from flatcollate.bench.report import report_files
 from flatcollate.cli import build_parser, main
 
+pytestmark = pytest.mark.slow
+
 TASKS = ("dpo", "kto", "reward", "grpo")
 TINY = ["hidden_size=32", "intermediate_size=64", "num_attention_heads=2", "num_key_value_heads=1", "head_dim=16"]
 SMOKE = ["--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--max-length", "128"]

@@ -154,6 +154,7 @@ def worker_script(tmp_path):
     return [sys.executable, str(path)]
 
 
+@pytest.mark.slow
 def test_every_run_is_a_fresh_process_in_the_interleaved_order(worker_script, tmp_path):
     log = tmp_path / "log.jsonl"
     (run,) = run_repeats(worker_script, [{"base": 2, "log": str(log)}], ["a", "bb"], repeats=2, progress=False)
@@ -164,12 +165,14 @@ def test_every_run_is_a_fresh_process_in_the_interleaved_order(worker_script, tm
     assert run.values("a", "pid") == [ran[0][1], ran[3][1]]
 
 
+@pytest.mark.slow
 def test_a_failing_worker_names_the_run_and_shows_its_stderr(worker_script, tmp_path):
     payload = {"case": {"base": 1, "log": str(tmp_path / "log.jsonl")}, "variant": "broken"}
     with pytest.raises(RuntimeError, match=r"(?s)exited with status 1.*the worker failed on purpose"):
         run_worker(worker_script, payload)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_by_a_signal_names_it_and_shows_where_it_was(worker_script, tmp_path):
     """A segmentation fault prints nothing by itself: the worker's Python stack (faulthandler) says where, innermost
     frame first, even when the stack and the output before it are longer than the end of stderr shown otherwise."""
@@ -183,6 +186,7 @@ def test_a_worker_killed_by_a_signal_names_it_and_shows_where_it_was(worker_scri
     assert re.search(r"worker\.py\", line \d+ in measure", message), message
 
 
+@pytest.mark.slow
 def test_a_worker_killed_by_a_signal_without_a_name_is_reported_by_its_number(worker_script, tmp_path):
     payload = {"case": {"base": 1, "log": str(tmp_path / "log.jsonl")}, "variant": "unnamed signal"}
     number = signal.SIGRTMIN + 6

@@ -10,6 +10,8 @@ import pytest
 
 from flatcollate.bench.repeats import WORKER_FLAG
 
+pytestmark = pytest.mark.slow
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SHARED_DATA = BENCHMARKS.parents[1] / "shared" / "data"
 

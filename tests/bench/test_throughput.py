@@ -27,6 +27,8 @@ from flatcollate.profiles import load_profile, padded_fill
 from flatcollate.profiles.length_profile import LengthProfile
 from flatcollate.synthetic import synthetic_sequences
 
+pytestmark = pytest.mark.slow
+
 TINY = {
     "hidden_size": 32,
     "intermediate_size": 64,

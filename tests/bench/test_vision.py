@@ -22,6 +22,8 @@ from flatcollate.synthetic.images import (
 )
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
+pytestmark = pytest.mark.slow
+
 SMALL_PIXELS = 28 * 28 * 12  # at most 12 image tokens per image
 TINY_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
 CONFIG = VisionBenchConfig(

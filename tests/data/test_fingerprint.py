@@ -60,6 +60,7 @@ def test_a_tokenizer_setting_that_changes_the_ids_changes_the_cache_key(gpt2, ch
     assert again["input_ids"] == expected, f"the cache returned rows encoded before {change}"
 
 
+@pytest.mark.slow
 def test_the_tokenizer_key_is_the_same_for_the_same_tokenizer_in_another_process(gpt2, tokenizer_dir):
     path = tokenizer_dir("gpt2")
     assert tokenizer_fingerprint(gpt2) == tokenizer_fingerprint(copy.deepcopy(gpt2))

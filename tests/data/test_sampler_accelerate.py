@@ -117,6 +117,7 @@ def two_processes(tmp_path_factory):
     return output, launch(output, "--stop-at", str(STOP_AT))
 
 
+@pytest.mark.slow
 @needs_gloo
 def test_two_accelerate_processes_see_every_example_once_per_epoch(two_processes):
     output, done = two_processes
@@ -133,6 +134,7 @@ def test_two_accelerate_processes_see_every_example_once_per_epoch(two_processes
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1], "set_epoch reshuffles"
 
 
+@pytest.mark.slow
 @needs_gloo
 def test_two_accelerate_processes_resumed_mid_epoch_train_the_uninterrupted_batches(two_processes):
     output, done = two_processes

@@ -27,7 +27,7 @@ _spec = importlib.util.spec_from_file_location("flatcollate_tests_launch", _LAUN
 launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(launch)
 
-pytestmark = launch.needs_gloo
+pytestmark = [launch.needs_gloo, pytest.mark.slow]
 
 STEPS, LR = 3, 0.1
 

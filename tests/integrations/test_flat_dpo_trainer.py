@@ -13,6 +13,8 @@ from flatcollate.integrations.trl import FlatDPOTrainer
 from flatcollate.preference import DataCollatorForPreference
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 dpo_trainer_module = pytest.importorskip("trl.trainer.dpo_trainer")
 TOL = 1e-5

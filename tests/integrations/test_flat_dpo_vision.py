@@ -38,6 +38,8 @@ from flatcollate.preference import VisionDataCollatorForPreference
 from flatcollate.testing.tiny_vision import WEIGHT_NOISE, tiny_vision_config, tiny_vision_lm
 from flatcollate.vision import images_only
 
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 TOL = 1e-5
 CHANGED = 1e-4

@@ -15,6 +15,8 @@ from flatcollate.integrations.trl.grpo import CompletionRows
 from flatcollate.synthetic import offline_tokenizer
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 TOL = 1e-5
 

@@ -15,6 +15,8 @@ from flatcollate.integrations.trl import FlatKTOTrainer
 from flatcollate.preference import DataCollatorForUnpairedPreference
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 trl = pytest.importorskip("trl")
 TOL = 1e-5
 METRICS = (

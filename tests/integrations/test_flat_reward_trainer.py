@@ -22,6 +22,8 @@ from flatcollate.integrations.trl import FlatRewardTrainer
 from flatcollate.preference import DataCollatorForRewardPairs
 from flatcollate.testing import tiny_config
 
+pytestmark = pytest.mark.slow
+
 peft = pytest.importorskip("peft")
 
 NUM_PAIRS = 6  # batches of 4 and 2

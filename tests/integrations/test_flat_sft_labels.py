@@ -121,6 +121,7 @@ def test_completion_only_loss_false_trains_prompts(qwen):
     torch.testing.assert_close(batch["labels"], expected, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remove_unused_columns", [True, False])
 def test_one_step_loss_equals_trl_padding_free(qwen, remove_unused_columns):
     dataset = make_dataset("prompt_completion", qwen, iterable=True)

@@ -15,6 +15,8 @@ from flatcollate.integrations.trl import FlatSFTTrainer
 from flatcollate.synthetic import synthetic_sft_dataset
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -39,6 +39,8 @@ from flatcollate.vision import VisionDataCollatorWithFlattening
 from ..data.test_vision_encode import ImageOnlyQwen2VLProcessor
 from ..vision.test_flattened_exact import separate_run
 
+pytestmark = pytest.mark.slow
+
 TOL = 1e-5
 FAMILIES = ["qwen2_5_vl", "gemma3", "idefics3"]  # mRoPE grid; image blocks and token types; tiles on dimension 1
 ONE_STEP = {"max_steps": 1, "optim": "sgd", "learning_rate": 1.0, "lr_scheduler_type": "constant", "max_grad_norm": 0}

@@ -13,6 +13,8 @@ from flatcollate import DataCollatorWithFlattening
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 
 def batch(lengths, seed):
     generator = torch.Generator().manual_seed(seed)

@@ -13,6 +13,7 @@ from flatcollate.testing import tiny_causal_lm
 LENGTHS = (7, 1, 12, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["mamba2", "jamba", "qwen3_next", "lfm3"])
 def test_stateful_families_are_exact_only_with_segmented_mixers(model_type):
     # Model-level proof: logits, loss and gradients of the flattened row equal every sequence run alone.

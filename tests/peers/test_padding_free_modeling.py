@@ -19,6 +19,8 @@ import torch
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 FAMILIES = {
     "llama": {},
     "mistral": {"sliding_window": 4},

@@ -19,6 +19,8 @@ from flatcollate.attention import packed_segments
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.testing import tiny_causal_lm
 
+pytestmark = pytest.mark.slow
+
 # Six batches: total lengths 29, 7, 22, 20, 14, 26; sequence counts 5, 2, 4, 1, 7, 5 (a length-1 sequence in three).
 LENGTH_MIXES = [[9, 1, 5, 12, 2], [3, 4], [7, 7, 7, 1], [20], [2] * 7, [5, 11, 6, 1, 3]]
 STEPS = len(LENGTH_MIXES)

@@ -20,7 +20,7 @@ from .launch import load_script as load_script_at
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "fsdp2_train.py"
 NUM_EXAMPLES, PACK_LEN, LR, MOMENTUM = 30, 48, 0.1, 0.9
 
-pytestmark = needs_gloo
+pytestmark = [needs_gloo, pytest.mark.slow]
 
 
 def load_script():

@@ -22,7 +22,7 @@ from .launch import free_port, needs_gloo
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "fsdp2_train.py"
 CHECKPOINT_EVERY = 2
 
-pytestmark = needs_gloo
+pytestmark = [needs_gloo, pytest.mark.slow]
 
 
 def command(output: Path, checkpoints: Path, *args: str) -> list[str]:

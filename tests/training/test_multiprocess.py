@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from flatcollate.synthetic import synthetic_rows
@@ -16,7 +17,7 @@ from .launch import load_script as load_script_at
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "accelerate" / "train.py"
 NUM_EXAMPLES, PACK_LEN, LR = 30, 48, 0.1
 
-pytestmark = needs_gloo
+pytestmark = [needs_gloo, pytest.mark.slow]
 
 
 def load_script():

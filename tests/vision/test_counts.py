@@ -15,6 +15,8 @@ from flatcollate.testing.vision_blocks import image_id
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.layouts import VisionLayout, expected_placeholders
 
+pytestmark = pytest.mark.slow
+
 PER_TOKEN = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
 COVERED = sorted(FAMILIES)
 TOL = 1e-5

@@ -17,6 +17,8 @@ from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.controls import IMAGE_SHIFT, dead_image_parameters, image_parameters, image_shift
 
+pytestmark = pytest.mark.slow
+
 TOL = 1e-5
 PER_TOKEN = ("input_ids", "labels", *TOKEN_TYPE_FIELDS)
 VANILLA = {

@@ -23,6 +23,8 @@ from flatcollate.testing.tiny_vision import (
     tiny_vision_lm,
 )
 
+pytestmark = pytest.mark.slow
+
 PER_TOKEN = ("input_ids", "labels", "mm_token_type_ids", "token_type_ids")
 COVERED = sorted(FAMILIES)
 

@@ -13,6 +13,8 @@ from flatcollate.modeling.token_types import check_token_types, token_types_read
 from flatcollate.testing.tiny_vision import FAMILIES, tiny_vision_config, tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
 
+pytestmark = pytest.mark.slow
+
 MM_FAMILIES = [
     "cosmos3_edge",
     "cosmos3_omni",
