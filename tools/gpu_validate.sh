@@ -3,7 +3,7 @@
 #
 #   tools/gpu_validate.sh [REPORT]        (default REPORT: gpu-validate-report.md; run from the repository root)
 #
-# Environment: PYTHON (default: python), FAMILIES (default: "llama qwen2 mistral gemma2"), BENCH_OUT (default:
+# Environment: PYTHON (default: python), FAMILIES (default: "llama qwen2 mistral gemma2 gpt_oss"), BENCH_OUT (default:
 # gpu-validate-bench). Steps, each recorded with its command, exit status and output tail:
 #   1. environment: GPU, torch and CUDA versions, flash-attn, and the capabilities flatcollate detected;
 #   2. tests/attention: the real flash_attn_varlen_func and varlen_attn against the slow references (outputs and
@@ -17,7 +17,7 @@ set -u -o pipefail
 
 REPORT=${1:-gpu-validate-report.md}
 PYTHON=${PYTHON:-python}
-FAMILIES=${FAMILIES:-llama qwen2 mistral gemma2}
+FAMILIES=${FAMILIES:-llama qwen2 mistral gemma2 gpt_oss}
 BENCH_OUT=${BENCH_OUT:-gpu-validate-bench}
 STATUS=0
 SUMMARY=()
