@@ -1,6 +1,6 @@
 """`flatcollate bench`: measure padded vs flattened training on your model and data before switching.
 
-With no arguments it runs an embedded offline default on the CPU in about four minutes (a tiny Llama-shaped model,
+With no arguments it runs an embedded offline default on the CPU in four to five minutes (a tiny Llama-shaped model,
 the "flan" length profile, batch 8, one torch thread) and prints the padding of padded batches, tokens/s per mode,
 ratios, optimizer step counts and, last, the headline: flatcollate and transformers' own padding-free path against
 padded batches, with their spread over repeats. `--task` (below) measures image-text, preference, reward or GRPO
