@@ -71,6 +71,18 @@ def position_starts(position_ids: torch.Tensor) -> torch.Tensor:
     return starts.reshape(-1)
 
 
+def seq_idx_starts(seq_idx: torch.Tensor) -> torch.Tensor:
+    """`(B * T,)` bool: True where a token's `seq_idx` differs from its left neighbour's, and at every row start.
+
+    >>> seq_idx_starts(torch.tensor([[0, 0, 0, 1, 2, 2]])).tolist()
+    [True, False, False, True, True, False]
+    """
+    rows = seq_idx.reshape(-1, seq_idx.shape[-1])
+    starts = torch.ones_like(rows, dtype=torch.bool)
+    starts[:, 1:] = rows[:, 1:] != rows[:, :-1]
+    return starts.reshape(-1)
+
+
 def segments_from_position_ids(position_ids: torch.Tensor) -> PackedSegments:
     """Boundaries from restarting positions, computed once per tensor (one host sync for `max_length`).
 
@@ -171,9 +183,7 @@ def with_row_boundaries(kwargs: dict, *, rows: int, length: int, device: torch.d
         return kwargs
     seq_idx = kwargs.get("seq_idx")
     if seq_idx is not None:
-        starts = torch.ones_like(seq_idx, dtype=torch.bool)
-        starts[..., 1:] = seq_idx[..., 1:] != seq_idx[..., :-1]
-        segments = _segments_from_starts(starts.reshape(-1).to(device))
+        segments = _segments_from_starts(seq_idx_starts(seq_idx).to(device))
     else:
         cu_seqlens = torch.arange(0, rows * length + 1, length, dtype=CU_SEQLENS_DTYPE, device=device)
         segments = PackedSegments(cu_seqlens=cu_seqlens, max_length=length)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._conventions import IDS_DTYPE
-from ..attention.packed_segments import host_boundaries, position_starts
+from ..attention.packed_segments import host_boundaries, position_starts, seq_idx_starts
 
 BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
 """Arguments whose presence makes the guard check the batch's boundaries."""
@@ -36,14 +36,6 @@ def _starts_from_cu(bounds: list[int], total: int, device: torch.device) -> torc
     starts = torch.zeros(total, dtype=torch.bool, device=device)
     starts[torch.tensor(bounds[:-1], device=device)] = True
     return starts
-
-
-def _starts_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
-    """`(B * T,)` bool: True where a token's `seq_idx` differs from its left neighbour's, and at every row start."""
-    rows = seq_idx.reshape(-1, seq_idx.shape[-1])
-    starts = torch.ones_like(rows, dtype=torch.bool)
-    starts[:, 1:] = rows[:, 1:] != rows[:, :-1]
-    return starts.reshape(-1)
 
 
 def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -121,7 +113,7 @@ def check_boundaries(arguments: dict, *, shard: tuple[int, int] | None = None) -
     if seq_idx is not None:
         if seq_idx.numel() != total:
             raise ValueError(f"`seq_idx` has {seq_idx.numel()} entries but the batch holds {total} tokens.")
-        from_seq_idx = _starts_from_seq_idx(seq_idx.to(device))
+        from_seq_idx = seq_idx_starts(seq_idx.to(device))
         if starts is None:
             starts, source = from_seq_idx, "seq_idx"
         elif (token := _first_difference(from_seq_idx, starts)) is not None:

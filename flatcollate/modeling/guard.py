@@ -62,7 +62,7 @@ def is_flattened(arguments: dict) -> bool:
     position_ids = arguments.get("position_ids")
     if not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.shape[-1] < 2:
         return False
-    return bool((position_ids[..., 1:] - position_ids[..., :-1] != 1).any())
+    return bool(position_starts(position_ids).reshape(position_ids.shape)[:, 1:].any())  # a restart inside a row
 
 
 def _offending(arguments: dict) -> list[str]:
