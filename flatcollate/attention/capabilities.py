@@ -81,6 +81,7 @@ varlen_attn = exposed("torch.nn.attention.varlen", "varlen_attn")
 
 
 @functools.lru_cache(maxsize=64)  # dispatch asks once per layer and forward; a signature does not change
+@functools.lru_cache(maxsize=64)  # read once per function: dispatch asks on every layer's call
 def parameters(function: Callable | None) -> frozenset[str]:
     """Names of `function`'s parameters (empty for None): how a kernel is called depends on its version.
 
@@ -103,6 +104,7 @@ def installed_version(function: Callable) -> str:
     return f"{function.__module__}, version unknown"
 
 
+@functools.lru_cache(maxsize=64)
 def takes(function: Callable, name: str) -> bool:
     """Whether `function` can be called with keyword `name` (a parameter of that name, or `**kwargs`).
 

@@ -46,8 +46,16 @@ def features(name: str) -> frozenset[str]:
 
 
 @functools.cache
-def _warn_once(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+def _warn_older_build(name: str, missing: tuple[str, ...]) -> None:
+    """Warn once that the installed `name` (flash-attn 3, the one kernel whose features depend on its build) lacks
+    `missing`; the version is looked up here, once, not on every layer's selection."""
+    version = capabilities.installed_version(capabilities.flash_attn_3_varlen_func)
+    warnings.warn(
+        f"The installed `{name}` ({version}) has no {' or '.join(missing)}: such layers run on the next kernel. "
+        f"Update it to run them on `{name}`.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def lacking(name: str, *, dropout: float, softcap: float | None, sinks: bool) -> list[str]:
@@ -61,11 +69,7 @@ def lacking(name: str, *, dropout: float, softcap: float | None, sinks: bool) ->
     missing = [feature for feature, on in asked.items() if on and feature not in have]
     older = [feature for feature in missing if feature in FEATURES.get(name, frozenset())]  # this build lacks it
     if older:
-        version = capabilities.installed_version(capabilities.flash_attn_3_varlen_func)
-        _warn_once(
-            f"The installed `{name}` ({version}) has no {' or '.join(WORDS[f] for f in older)}: such layers run on "
-            f"the next kernel. Update it to run them on `{name}`."
-        )
+        _warn_older_build(name, tuple(WORDS[f] for f in older))
     return [WORDS[feature] for feature in missing]
 
 

@@ -137,7 +137,7 @@ def hub_backward_fault(function, device: torch.device, dtype: torch.dtype, head_
         got = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     except RuntimeError as error:  # autograd refuses a backward that returns the wrong number of gradients
         return f"raises ({(str(error).splitlines() or [''])[0]})"
-    fq, fk, fv = (t.detach().float().requires_grad_() for t in (q, k, v))
+    fq, fk, fv = (t.detach().float().cpu().requires_grad_() for t in (q, k, v))  # the reference, on the host
     alone = [
         torch.nn.functional.scaled_dot_product_attention(
             *(t[a:b].transpose(0, 1) for t in (fq, fk, fv)), is_causal=True
@@ -147,7 +147,8 @@ def hub_backward_fault(function, device: torch.device, dtype: torch.dtype, head_
     expected = torch.autograd.grad(torch.cat(alone), (fq, fk, fv), torch.ones(8, 2, head_dim))
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     gap = max(
-        (g.float() - e).abs().max().item() / (1 + e.abs().max().item()) for g, e in zip(got, expected, strict=True)
+        (g.float().cpu() - e).abs().max().item() / (1 + e.abs().max().item())
+        for g, e in zip(got, expected, strict=True)
     )
     return None if gap <= tolerance else f"computes gradients off by {gap:.2g} (relative)"
 

@@ -114,7 +114,7 @@ def test_an_fa3_build_returning_out_and_lse_is_exact(reference_cuda, monkeypatch
 
 def test_a_soft_capped_layer_goes_around_an_fa3_build_without_softcap_with_one_warning(reference_cuda, monkeypatch):
     kernel = install(monkeypatch, "flash_attn_3_varlen_func", fa3_before_2025_01())
-    features._warn_once.cache_clear()
+    features._warn_older_build.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         gaps = paths.flat_vs_alone("gemma2_window_softcap")
