@@ -23,6 +23,7 @@ from .columns import (
     split_columns,
 )
 from .packing import PackingStats, check_lengths, pack_ids, split_lengths
+from .vision_packing import check_overlong_images, gather_examples, vision_columns
 
 logger = logging.getLogger("flatcollate.data.dataset")  # the logger of pack_dataset, whose warnings these are
 
@@ -86,6 +87,9 @@ def pack_table(
             first_row + int(empties[0]),
         )
     lengths = check_lengths(lengths, pack_len, overlong=overlong)
+    images = vision_columns(table)  # kept whole, one entry per packed example (`vision_packing`)
+    check_overlong_images(table, images, lengths, pack_len, overlong=overlong, first_row=first_row)
+    vision, table = table.select(images), table.drop_columns(images)
     table, folded = fold_masks(table, lengths)
     names, left_out = split_columns(table, lengths)
     if left_out and log_left_out:
@@ -119,6 +123,7 @@ def pack_table(
     # Positions restart at every piece: piece_out_start are the pieces' boundaries in the packed token order.
     arrays["position_ids"] = list_array(pack_offsets, _restarting_positions(piece_out_start))
     arrays["seq_lengths"] = pa.ListArray.from_arrays(pa.array(piece_offsets, pa.int32()), pa.array(piece_len))
+    arrays |= {name: gather_examples(vision[name], source[order], piece_offsets) for name in images}
     packed = pa.table(arrays)
 
     pack_tokens = np.diff(pack_offsets)
@@ -148,5 +153,6 @@ def pack_table(
         dropped_columns=tuple(left_out),
         folded_masks=folded,
         carried_columns=tuple(names),
+        vision_columns=tuple(images),
     )
     return packed, stats

@@ -42,8 +42,9 @@ class PackingStats:
 
     `fill` is real tokens over `num_packs * pack_len`; `padding_saved` compares with one sequence per row of `pack_len`.
     `carried_columns` were packed token by token, `folded_masks` were folded into `labels`, `dropped_columns` were
-    left out (not per token, or an all-ones `attention_mask`). `num_sequences` counts the sequences packed;
-    `num_empty` the rows without tokens that were dropped.
+    left out (not per token, or an all-ones `attention_mask`), `vision_columns` were kept whole, one entry per packed
+    example (`flatcollate.data.vision_packing`). `num_sequences` counts the sequences packed; `num_empty` the rows
+    without tokens that were dropped.
     """
 
     num_sequences: int
@@ -67,6 +68,7 @@ class PackingStats:
     dropped_columns: tuple[str, ...] = field(default=())
     folded_masks: tuple[str, ...] = field(default=())
     carried_columns: tuple[str, ...] = field(default=())
+    vision_columns: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,6 +90,8 @@ class PackingStats:
             lines.append(f"labels: {', '.join(self.folded_masks)} folded in (-100 where 0)")
         if self.dropped_columns:
             lines.append(describe_left_out(self.dropped_columns))
+        if self.vision_columns:
+            lines.append(f"vision fields, one entry per packed example: {', '.join(self.vision_columns)}")
         return "\n".join(lines)
 
 

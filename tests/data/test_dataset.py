@@ -414,8 +414,9 @@ def test_packed_rows_are_the_packs_in_order_over_chunked_tables(shuffle_seed, ov
     assert packed["seq_lengths"] == [[len(pieces[i]) for i in pack] for pack in packs]
 
 
-def test_image_columns_are_refused_not_left_out():
-    """Packing keeps per-token columns only: image rows would train their placeholders without the images."""
+def test_image_columns_are_kept_one_entry_per_example_not_left_out():
+    """Image rows keep their images: each pack holds one entry per example in every vision field (None for an example
+    without images), never a dropped column (their placeholders would train without the images)."""
     ds = datasets.Dataset.from_dict(
         {
             "input_ids": [[1, 9, 9], [2, 3]],
@@ -423,5 +424,12 @@ def test_image_columns_are_refused_not_left_out():
             "image_grid_thw": [[[1, 2, 2]], None],
         }
     )
-    with pytest.raises(ValueError, match=r"`pixel_values` is an image column.*VisionDataCollatorWithFlattening"):
-        pack_dataset(ds, 8)
+    packed, stats = pack_dataset(ds, 8, return_stats=True)
+    assert packed[:] == {
+        "input_ids": [[1, 9, 9, 2, 3]],
+        "position_ids": [[0, 1, 2, 0, 1]],
+        "seq_lengths": [[3, 2]],
+        "pixel_values": [[[[0.0] * 6] * 4, None]],
+        "image_grid_thw": [[[[1, 2, 2]], None]],
+    }
+    assert stats.vision_columns == ("pixel_values", "image_grid_thw") and stats.dropped_columns == ()

@@ -1,0 +1,94 @@
+"""The vision fields of image-text rows in packs: each example's fields kept whole, one entry per packed example.
+
+A processor-encoded example (`make_supervised_dataset(processor, ...)`) holds its image placeholders already expanded
+in `input_ids` and its images in vision fields (`pixel_values`, `image_grid_thw`, ...). Packing keeps an example whole
+(its placeholders and its images stay together) and gives every vision field of a pack one entry per example, in the
+pack's example order, `None` for an example without images::
+
+    examples     0: [t <i i i i> t]   pixel_values (16, D)   image_grid_thw [[1 4 4]]
+                 1: [t t t]           none
+                 2: [<i i> t]         pixel_values (8, D)    image_grid_thw [[1 2 4]]
+    pack         input_ids      [t <i i i i> t | t t t | <i i> t]      seq_lengths [6, 3, 3]
+                 pixel_values   [(16, D), None, (8, D)]                one entry per example
+                 image_grid_thw [[[1 4 4]], None, [[1 2 4]]]
+
+The examples' image counts are those of their entries: `VisionDataCollatorWithFlattening` splits a pack back into its
+examples and checks each one's placeholders against its own images (`flatcollate.vision.packs`). Nothing here knows a
+family: the entries are the processor's arrays as they were, whatever their shape (tiles on dimension 1, padded
+crops, grids).
+"""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .._conventions import IMAGE_FIELDS
+from .columns import list_array, one_array
+
+
+def vision_columns(table: pa.Table) -> list[str]:
+    """The vision fields (`IMAGE_FIELDS`) among the table's columns, in the table's order.
+
+    >>> vision_columns(pa.table({"input_ids": [[1]], "image_grid_thw": [[[1, 2, 2]]], "pixel_values": [[[0.0]]]}))
+    ['image_grid_thw', 'pixel_values']
+    """
+    return [name for name in table.column_names if name in IMAGE_FIELDS]
+
+
+def rows_with_images(table: pa.Table, names: list[str]) -> np.ndarray:
+    """`(num_rows,)` bool: rows where any of the vision columns `names` holds a value (not null)."""
+    has = np.zeros(table.num_rows, dtype=bool)
+    for name in names:
+        has |= pc.is_valid(table[name]).to_numpy(zero_copy_only=False)
+    return has
+
+
+def check_overlong_images(
+    table: pa.Table, names: list[str], lengths: np.ndarray, pack_len: int, *, overlong: str, first_row: int = 0
+) -> None:
+    """Raise for an over-long row with images when `overlong` would cut it (`"truncate"`, `"split"`).
+
+    Cutting an image-text example would separate its placeholders from its images (a piece with placeholders and
+    no images, or the reverse), so an example with images is never cut; over-long rows without images are cut as
+    text rows are. With `overlong="error"` every over-long row already raises (`packing.check_lengths`).
+
+    Args:
+        table (`pa.Table`): the rows, empty ones dropped.
+        names (`list[str]`): its vision columns (`vision_columns`).
+        lengths (`np.ndarray` of shape `(num_rows,)`, int64): tokens of every row, image placeholders included.
+        pack_len (`int`), overlong (`str`): as for `pack_dataset`.
+        first_row (`int`, *optional*, defaults to 0): number of the table's first row in the message.
+
+    Raises:
+        `ValueError`: naming the first such row, its length, the vision field it carries and the fixes.
+    """
+    if overlong == "error" or not names:
+        return
+    bad = np.flatnonzero((lengths > pack_len) & rows_with_images(table, names))
+    if bad.size:
+        i = int(bad[0])
+        field = next(name for name in names if table[name][i].is_valid)
+        raise ValueError(
+            f"row {first_row + i} is {lengths[i]} tokens > pack_len {pack_len} (image placeholders included) and "
+            f"carries images (`{field}`); overlong={overlong!r} would cut it and separate its image placeholders from "
+            f"its images ({bad.size} such rows). Raise pack_len to at least {int(lengths[bad].max())}, or filter "
+            "these rows out before packing; an example with images is never cut."
+        )
+
+
+def gather_examples(column: pa.ChunkedArray, order: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """Packs of whole per-example values: pack `p` holds `column[order[offsets[p]:offsets[p + 1]]]`.
+
+    Args:
+        column (`pa.ChunkedArray`): one value (an example's array as nested lists, or null) per row.
+        order (`np.ndarray` of shape `(E,)`, int64): the row of every packed example, pack by pack.
+        offsets (`np.ndarray` of shape `(num_packs + 1,)`, int64): where each pack's examples start in `order`.
+
+    Returns:
+        `pa.Array`: one list per pack of its examples' values, nulls kept.
+
+    >>> column = pa.chunked_array([[[[1, 2]], None, [[3, 4], [5, 6]]]])
+    >>> gather_examples(column, np.array([2, 0, 1]), np.array([0, 2, 3])).to_pylist()
+    [[[[3, 4], [5, 6]], [[1, 2]]], [None]]
+    """
+    return list_array(np.asarray(offsets, dtype=np.int64), one_array(column).take(pa.array(order)))

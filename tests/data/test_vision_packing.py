@@ -1,0 +1,126 @@
+"""`pack_dataset` on image-text rows encoded by `make_supervised_dataset(processor, ...)`: whole examples packed by
+best-fit decreasing on their lengths with the image placeholders counted, each pack keeping its examples' vision
+fields, one entry per example in example order; over-long rows with images are refused with every `overlong`."""
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from flatcollate.data import make_supervised_dataset, pack_dataset
+from flatcollate.data.packing import pack_lengths
+
+from .test_vision_encode import processors, random_row  # noqa: F401 (a fixture)
+
+VISION = ("pixel_values", "image_grid_thw")
+
+
+@pytest.fixture(scope="module")
+def encoded(processors):  # noqa: F811
+    """Eight Qwen2-VL rows (0-2 images each, one text-only), encoded by the real processor."""
+    rng = np.random.default_rng(3)
+    rows = [random_row(rng) for _ in range(8)]
+    rows[5]["images"] = []
+    rows[5]["messages"] = [
+        {"role": "user", "content": [{"type": "text", "text": "Hi?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello there."}]},
+    ]
+    return make_supervised_dataset(processors["qwen2_vl"], datasets.Dataset.from_list(rows), seed=None)
+
+
+def test_input_ids_hold_the_expanded_placeholders(encoded, processors):  # noqa: F811
+    """The length packing (and the token-budget sampler) reads, `len(input_ids)`, counts every image placeholder:
+    the processor expanded each image into `t * h * w / 4` of them (Qwen2-VL's merge of 2)."""
+    image_id = processors["qwen2_vl"].tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    rows = encoded.with_format("numpy")
+    for row in rows:
+        grids = row["image_grid_thw"]
+        expected = 0 if grids is None else int(np.stack(grids).prod(-1).sum()) // 4
+        assert int((row["input_ids"] == image_id).sum()) == expected
+    assert 2 <= sum(row["image_grid_thw"] is not None for row in rows) < len(rows)
+
+
+def test_packs_keep_whole_examples_with_their_images(encoded):
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    pack_len = int(max(lengths.max(), np.ceil(lengths.sum() / 3)))
+    packed, stats = pack_dataset(encoded, pack_len, return_stats=True)
+    groups = pack_lengths(lengths, pack_len)
+    assert len(packed) == len(groups) == stats.num_packs and stats.num_sequences == len(encoded)
+    assert stats.vision_columns == VISION and "one entry per packed example" in str(stats)
+    assert packed.column_names[:2] == ["input_ids", "labels"]
+    assert set(packed.column_names) == {
+        "input_ids",
+        "labels",
+        "mm_token_type_ids",
+        *VISION,
+        "position_ids",
+        "seq_lengths",
+    }
+    source = encoded.with_format("numpy")
+    for pack, group in zip(packed.with_format("numpy"), groups, strict=True):
+        assert pack["seq_lengths"].tolist() == lengths[group].tolist() and len(pack["input_ids"]) <= pack_len
+        for key in ("input_ids", "labels", "mm_token_type_ids"):
+            assert pack[key].tolist() == np.concatenate([source[int(i)][key] for i in group]).tolist()
+        for key in VISION:
+            assert len(pack[key]) == len(group)
+            for entry, i in zip(pack[key], group, strict=True):
+                want = source[int(i)][key]
+                assert (entry is None) == (want is None)
+                if want is not None:
+                    np.testing.assert_array_equal(np.stack(entry), np.stack(want))
+
+
+def test_packs_split_back_into_the_encoded_examples(encoded):
+    """What the vision collator does first (`split_packs`): every example back with exactly its own fields."""
+    from flatcollate.vision.packs import split_packs
+
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    pack_len = int(lengths.max())
+    packed = pack_dataset(encoded, pack_len).with_format("torch")
+    groups = pack_lengths(lengths, pack_len)
+    examples, where = split_packs(list(packed))
+    assert where[:2] == ["Pack 0, example 0", "Pack 0, example 1"] or where[1] == "Pack 1, example 0"
+    source = encoded.with_format("torch")
+    for example, i in zip(examples, np.concatenate(groups), strict=True):
+        want = {k: v for k, v in source[int(i)].items() if v is not None}
+        assert example.keys() == want.keys()
+        for key, value in want.items():
+            torch.testing.assert_close(torch.as_tensor(example[key]), value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("overlong", ["error", "truncate", "split"])
+def test_overlong_rows_with_images_are_refused(encoded, overlong):
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    longest = int(np.argmax(lengths))
+    pack_len = int(lengths[longest]) - 1
+    match = {"error": f"sequence {longest} is {lengths[longest]} tokens > pack_len"}.get(
+        overlong,
+        rf"row {longest} is {lengths[longest]} tokens > pack_len {pack_len} .* carries images \(`pixel_values`\)",
+    )
+    with pytest.raises(ValueError, match=match) as caught:
+        pack_dataset(encoded, pack_len, overlong=overlong)
+    assert "pack_len" in str(caught.value)
+
+
+def test_overlong_text_rows_beside_images_are_cut_as_text_rows_are(encoded):
+    """A text-only row longer than `pack_len` is truncated (or split) as in a text dataset; rows with images stay
+    whole and keep their images."""
+    text_row = 5
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    others = np.delete(lengths, text_row)
+    long_text = {"input_ids": list(range(3, 3 + others.max() + 7)), "labels": list(range(3, 3 + others.max() + 7))}
+    rows = encoded.to_list()
+    rows[text_row] |= long_text | {"mm_token_type_ids": [0] * len(long_text["input_ids"])}
+    dataset = datasets.Dataset.from_list(rows, features=encoded.features)
+    packed, stats = pack_dataset(dataset, int(others.max()), overlong="truncate", return_stats=True)
+    assert stats.num_overlong == 1 and stats.num_truncated_tokens == 7
+    images = sum(entry is not None for pack in packed["image_grid_thw"] for entry in pack)
+    assert images == sum(grid is not None for grid in encoded["image_grid_thw"])
+
+
+def test_a_stream_of_encoded_rows_packs_chunk_by_chunk(encoded):
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    stream = encoded.to_iterable_dataset()
+    packs = list(pack_dataset(stream, int(lengths.max()), batch_size=4))
+    assert sum(len(pack["seq_lengths"]) for pack in packs) == len(encoded)
+    assert all(len(pack["pixel_values"]) == len(pack["seq_lengths"]) for pack in packs)
