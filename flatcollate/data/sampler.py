@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import torch
 
+from .columns import row_lengths
 from .sampler_state import EpochIterator, check_resume, lengths_fingerprint
 from .shard_check import check_one_sharder, sharding_wrapper
 
@@ -203,6 +204,29 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"example {i} has {self.lengths[i]} tokens > max_tokens {max_tokens}; raise max_tokens or "
                 "truncate the example."
             )
+
+    @classmethod
+    def from_dataset(cls, dataset, **options) -> "TokenBudgetBatchSampler":
+        """A sampler over the rows of a tokenized `datasets.Dataset`, each counted as `len(input_ids)` (read from the
+        arrow offsets). Image-text rows from `make_supervised_dataset(processor, ...)` hold their image placeholders
+        already expanded (one per merged patch, tile feature, ...), so an example's images count in the budget as
+        the tokens the language model runs them as; a packed row counts its examples' tokens.
+
+        Args:
+            dataset (`datasets.Dataset`): rows with `input_ids` (packed or not).
+            options: the sampler's keyword arguments (`batch_size`, `max_tokens`, ...).
+
+        >>> import datasets
+        >>> ds = datasets.Dataset.from_dict({"input_ids": [[1, 9, 9, 9, 2], [3, 4]]})
+        >>> TokenBudgetBatchSampler.from_dataset(ds, batch_size=1, max_tokens=8).lengths.tolist()
+        [5, 2]
+        """
+        if "input_ids" not in getattr(dataset, "column_names", ()):
+            raise ValueError(
+                f"the dataset has no `input_ids` (columns: {getattr(dataset, 'column_names', None)}); encode it first "
+                "(`flatcollate.data.make_supervised_dataset`), or pass `lengths` to TokenBudgetBatchSampler."
+            )
+        return cls(row_lengths(dataset.with_format("arrow")[:]["input_ids"]), **options)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for `epoch` (call before iterating, as with `DistributedSampler`)."""

@@ -2,6 +2,8 @@
 best-fit decreasing on their lengths with the image placeholders counted, each pack keeping its examples' vision
 fields, one entry per example in example order; over-long rows with images are refused with every `overlong`."""
 
+import re
+
 import datasets
 import numpy as np
 import pytest
@@ -124,3 +126,27 @@ def test_a_stream_of_encoded_rows_packs_chunk_by_chunk(encoded):
     packs = list(pack_dataset(stream, int(lengths.max()), batch_size=4))
     assert sum(len(pack["seq_lengths"]) for pack in packs) == len(encoded)
     assert all(len(pack["pixel_values"]) == len(pack["seq_lengths"]) for pack in packs)
+
+
+def test_the_token_budget_counts_image_placeholders(encoded, processors):  # noqa: F811
+    """`TokenBudgetBatchSampler.from_dataset` reads `len(input_ids)`: text tokens plus every image placeholder. A
+    budget between an example's text tokens and its full length refuses it (counting the text alone would let it in);
+    every batch's tokens, placeholders included, stay within the budget, for rows and for packs."""
+    from flatcollate.data import TokenBudgetBatchSampler
+
+    image_id = processors["qwen2_vl"].tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    ids = encoded.with_format("numpy")["input_ids"]
+    lengths = np.array([len(row) for row in ids])
+    text = lengths - np.array([int((row == image_id).sum()) for row in ids])
+    sampler = TokenBudgetBatchSampler.from_dataset(encoded, batch_size=2, max_tokens=int(lengths.max()) * 2)
+    assert sampler.lengths.tolist() == lengths.tolist()
+    assert all(lengths[batch].sum() <= sampler.max_tokens for batch in sampler)
+    budget = int(text.max())  # every example's text fits
+    with pytest.raises(ValueError, match=r"example (\d+) has \d+ tokens > max_tokens") as caught:
+        TokenBudgetBatchSampler.from_dataset(encoded, batch_size=2, max_tokens=budget)
+    refused = int(re.search(r"example (\d+)", str(caught.value))[1])
+    assert text[refused] <= budget < lengths[refused]
+    packed = pack_dataset(encoded, int(lengths.max()))
+    sampler = TokenBudgetBatchSampler.from_dataset(packed, batch_size=1, max_tokens=int(lengths.max()))
+    assert sampler.lengths.tolist() == [sum(row) for row in packed["seq_lengths"]]
+    assert sampler.lengths.sum() == lengths.sum()
