@@ -1,6 +1,8 @@
 """`VisionDataCollatorWithFlattening`: flattened image-text batches from per-example processor outputs."""
 
+import contextlib
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +14,7 @@ from ..collate.flattening import DataCollatorWithFlattening
 from ..modeling.token_types import check_example_token_types, token_types_read
 from .fields import check_fields, model_inputs
 from .layouts import VisionLayout, expected_placeholders, image_count
+from .packs import split_packs
 
 
 class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
@@ -33,6 +36,11 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
     example and a shortfall in the next (two examples given each other's images) would move an image into the wrong
     sequence without any error from the model. A field the model's forward takes that the collator cannot place is
     refused, never dropped (`flatcollate.vision.fields`).
+
+    A feature may be a pack of whole examples (`flatcollate.data.pack_dataset` on encoded rows: `seq_lengths`, and
+    every vision field with one entry per example, `flatcollate.vision.packs`); one pack or several per batch. Each
+    pack is split into its examples first, so every example is checked against its own images and the batch is the
+    one its examples give unpacked; messages name them `Pack p, example k`.
 
     Prepare the model with `flatcollate.prepare_model_for_flattening`: multimodal-RoPE families (Qwen2/2.5/3-VL,
     GLM-4V) then get their 3-D positions per sequence from the model's own `get_rope_index`.
@@ -78,20 +86,22 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         return_tensors = return_tensors or self.return_tensors
         if isinstance(features, Mapping) or not isinstance(features, Sequence):
             raise TypeError(f"features must be a list of examples (dicts), got {type(features).__name__}.")
-        check_fields(features, self.layout.model_inputs)
+        features, where = split_packs(features)
+        with _named(where):
+            check_fields(features, self.layout.model_inputs)
         text = [_without(feature, (*IMAGE_FIELDS, *TOKEN_TYPE_FIELDS)) for feature in features]
-        batch = super().__call__(text, return_tensors="np", separator_id=separator_id)
+        with _named(where):
+            batch = super().__call__(text, return_tensors="np", separator_id=separator_id)
         length = batch["input_ids"].shape[1]
         ids = [_numpy(feature["input_ids"]).reshape(-1) for feature in features]
-        counts = [
-            self._check_placeholders(f, row, index) for index, (f, row) in enumerate(zip(features, ids, strict=True))
-        ]
+        counts = [self._check_placeholders(f, row, name) for f, row, name in zip(features, ids, where, strict=True)]
         if self.layout.same_count and self.layout.tokens_per_image is None:
-            _check_same_count(counts)
-        check_example_token_types(features, self.token_types)
+            _check_same_count(counts, where)
+        with _named(where):
+            check_example_token_types(features, self.token_types)
         for field in TOKEN_TYPE_FIELDS:
             if any(field in feature for feature in features):
-                batch[field] = _token_types(features, ids, field, length)
+                batch[field] = _token_types(features, ids, field, length, where)
         for field in IMAGE_FIELDS:
             if any(feature.get(field) is not None for feature in features):
                 batch[field] = self._images(features, field)
@@ -99,7 +109,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
 
-    def _check_placeholders(self, feature: Mapping, ids: np.ndarray, index: int) -> tuple[int, int]:
+    def _check_placeholders(self, feature: Mapping, ids: np.ndarray, where: str) -> tuple[int, int]:
         """Raise when the example's placeholders are not what its own images (videos) fill; returns its
         `(image placeholders, images)`."""
         layout, counts = self.layout, (0, 0)
@@ -112,7 +122,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                 expected = expected_placeholders(feature, layout, video=video)
                 images = image_count(feature, layout, field)
             except ValueError as error:  # a field the family counts from is missing
-                raise ValueError(f"Example {index}: {error}") from None
+                raise ValueError(f"{where}: {error}") from None
             if not video:
                 counts = (found, images)
             if expected is None and (found > 0) != (images > 0):
@@ -121,7 +131,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                 tiled = "pixel_values" in layout.batch_first  # Idefics-style rows of tiles (Fuyu: of patches)
                 noun = "videos" if video else "images (tiles)" if tiled else "images"
                 raise ValueError(
-                    f"Example {index}: `input_ids` hold {found} placeholder tokens (id {token}) but its {images} "
+                    f"{where}: `input_ids` hold {found} placeholder tokens (id {token}) but its {images} "
                     f"{noun} fill {expected}. Flattened, the features would land in another "
                     "example's sequence. Process each example's text and images together (the processor expands the "
                     "placeholders), and do not truncate inside an image."
@@ -157,11 +167,12 @@ def _without(feature: Mapping, keys: tuple[str, ...]) -> dict:
     return {key: value for key, value in feature.items() if key not in keys}
 
 
-def _check_same_count(counts: list[tuple[int, int]]) -> None:
+def _check_same_count(counts: list[tuple[int, int]], where: list[str]) -> None:
     """Families whose images all fill the same number of placeholders: every example of the batch agrees.
 
     Args:
         counts: `(image placeholders, images)` of each example.
+        where: how messages name each example (`packs.split_packs`).
     """
     first = None
     for index, (found, images) in enumerate(counts):
@@ -171,18 +182,33 @@ def _check_same_count(counts: list[tuple[int, int]]) -> None:
         if first is None:
             first = (index, per_image)
         elif per_image != first[1]:
+            other = where[first[0]][0].lower() + where[first[0]][1:]  # "example 0", "pack 1, example 2"
             raise ValueError(
-                f"Example {index}: its {images} images have {found} placeholder tokens ({per_image:g} each), but "
-                f"example {first[0]}'s have {first[1]:g} each; every image of this family fills the same number. "
+                f"{where[index]}: its {images} images have {found} placeholder tokens ({per_image:g} each), but "
+                f"{other}'s have {first[1]:g} each; every image of this family fills the same number. "
                 "Process each example's text and images together, and do not truncate inside an image."
             )
+
+
+@contextlib.contextmanager
+def _named(where: list[str]):
+    """Checks of other modules name an example `Example i` by its place in the split batch: name it by `where`."""
+    try:
+        yield
+    except ValueError as error:
+        found = re.match(r"Example (\d+)", str(error), flags=re.IGNORECASE)
+        if found is None or where[int(found[1])] == f"Example {found[1]}":
+            raise
+        raise ValueError(where[int(found[1])] + str(error)[found.end() :]) from None
 
 
 def _numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
-def _token_types(features: Sequence[Mapping], ids: list[np.ndarray], field: str, length: int) -> np.ndarray:
+def _token_types(
+    features: Sequence[Mapping], ids: list[np.ndarray], field: str, length: int, where: list[str]
+) -> np.ndarray:
     """`(1, T)` int64: the examples' per-token types back to back, 0 (text) on the row's padding."""
     parts = []
     for index, (feature, row) in enumerate(zip(features, ids, strict=True)):
@@ -190,7 +216,7 @@ def _token_types(features: Sequence[Mapping], ids: list[np.ndarray], field: str,
         types = np.zeros(len(row), dtype=np.int64) if value is None else _numpy(value).reshape(-1).astype(np.int64)
         if len(types) != len(row):
             raise ValueError(
-                f"Example {index}: `{field}` has {len(types)} entries but `input_ids` has {len(row)}; pass the "
+                f"{where[index]}: `{field}` has {len(types)} entries but `input_ids` has {len(row)}; pass the "
                 "processor's output for the example unchanged."
             )
         parts.append(types)
