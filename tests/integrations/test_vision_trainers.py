@@ -270,15 +270,61 @@ def test_trl_refuses_padding_free_for_rows_with_images(tokenizer_dir):
         )
 
 
-def test_flat_sft_trainer_refuses_packing_for_image_text_models():
-    """TRL's packing keeps `input_ids` and `labels` only (`select_columns`): the images would be lost."""
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_flat_sft_trainer_packs_image_text_rows(family, caplog):
+    """`packing=True` with an image-text model, which TRL refuses or packs without the images: the encoded rows are
+    packed with their images by `pack_dataset`, the step over every pack equals the per-example step, and the trainer
+    says what it packed."""
+    model = tiny_vision_lm(family)
+    examples = tiny_vision_examples(model, count=4, seed=1)
+    reference = reference_step(model, examples)
+    lengths = [len(example["input_ids"]) for example in examples]
+    pack_len = max(max(lengths), math.ceil(sum(lengths) / 2))
+    recorded = GradientsBeforeTheStep()
+    config = {"padding_free": False, "packing": True, "packing_strategy": "bfd", "max_length": pack_len}
+    with tempfile.TemporaryDirectory() as tmp, caplog.at_level("INFO", logger="flatcollate.integrations.trl.sft"):
+        trainer = FlatSFTTrainer(
+            model=model,
+            args=sft_config(tmp, **config),
+            train_dataset=as_dataset(examples),
+            processing_class=word_tokenizer(),
+            callbacks=[recorded],
+        )
+        batch = next(iter(trainer.get_train_dataloader()))
+        trainer.train()
+    stats = trainer.packing_stats
+    assert stats.num_sequences == 4 and 2 <= stats.num_packs < 4 and len(trainer.train_dataset) == stats.num_packs
+    assert f"packed 4 image-text rows into {stats.num_packs} packs of <= {pack_len} tokens" in caplog.text
+    assert needed_fields(examples) | {"labels"} <= set(batch), sorted(batch)
+    assert batch["cu_seq_lens_q"].numel() == 5  # the four examples, each its own sequence
+    assert trainer.state.global_step == 1
+    assert_same_step(model, recorded, reference, family)
+
+
+def test_optimizer_steps_follow_the_packs():
+    """One pack per device batch: an epoch takes one optimizer step per pack, as with text packing."""
     model = tiny_vision_lm("qwen2_5_vl")
-    dataset = as_dataset(tiny_vision_examples(model, count=4, seed=1))
-    with tempfile.TemporaryDirectory() as tmp, pytest.raises(ValueError, match="packing") as caught:
+    examples = tiny_vision_examples(model, count=6, seed=2)
+    pack_len = max(len(example["input_ids"]) for example in examples)
+    config = {"packing": True, "max_length": pack_len, "per_device_train_batch_size": 1}
+    with tempfile.TemporaryDirectory() as tmp:
+        args = sft_config(tmp, **config, padding_free=False, max_steps=-1, num_train_epochs=1)
+        trainer = FlatSFTTrainer(
+            model=model, args=args, train_dataset=as_dataset(examples), processing_class=word_tokenizer()
+        )
+        trainer.train()
+    assert 1 < trainer.packing_stats.num_packs < 6
+    assert trainer.state.global_step == trainer.packing_stats.num_packs
+    assert args.packing and not trainer.args.packing  # the user's config is left as given
+
+
+def test_flat_sft_trainer_refuses_an_overlong_example_with_images():
+    model = tiny_vision_lm("qwen2_5_vl")
+    examples = tiny_vision_examples(model, count=2, seed=1)
+    with tempfile.TemporaryDirectory() as tmp, pytest.raises(ValueError, match=r"row 1 .* carries images"):
         FlatSFTTrainer(
             model=model,
-            args=sft_config(tmp, padding_free=False, packing=True, packing_strategy="bfd", max_length=256),
-            train_dataset=dataset,
+            args=sft_config(tmp, padding_free=False, packing=True, max_length=len(examples[1]["input_ids"]) - 1),
+            train_dataset=as_dataset(examples),
             processing_class=word_tokenizer(),
         )
-    assert "padding_free=True" in str(caught.value)

@@ -6,18 +6,24 @@ collates with flatcollate (vectorized, validated, boundary kwargs always present
 nothing can attend across sequences.
 """
 
+import copy
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import datasets
 from trl import SFTTrainer
 
 from ..._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ...collate import DataCollatorForCompletionOnlyLM, DataCollatorWithFlattening
 from ...collate.features import MASK_KEYS
+from ...data.dataset import pack_dataset
 from ...modeling import prepare_model_for_flattening
 from ...vision import VisionDataCollatorWithFlattening
+
+logger = logging.getLogger(__name__)
 
 IMAGE_ROW_KEYS = ("image", "images")
 """Columns by which TRL recognises rows with raw images (`SFTTrainer._is_vision_dataset`)."""
@@ -45,8 +51,16 @@ class FlatSFTTrainer(SFTTrainer):
     `image_grid_thw`, `mm_token_type_ids`, ...), collated by `VisionDataCollatorWithFlattening.from_model(model)`;
     the vision fields and per-token types are kept where TRL would keep only `input_ids` and `labels` (and train on
     the image placeholders without their images). TRL refuses `padding_free=True` for raw rows with an `image(s)`
-    column (it processes images in its own padded collator), and its packing keeps only `input_ids` and `labels`:
-    both raise, naming the route that works.
+    column (it processes images in its own padded collator), which raises naming the route that works.
+
+    `SFTConfig(packing=True)` (`packing_strategy` `"bfd"` or `"bfd_split"`) with an image-text model, which TRL
+    refuses or packs without the images, packs the encoded rows with `flatcollate.data.pack_dataset` instead: whole
+    examples of at most `max_length` tokens (image placeholders counted), each pack carrying its examples' vision
+    fields, collated by `VisionDataCollatorWithFlattening` (each example keeps its own positions and images). The
+    trainer logs the packs and their fill and keeps the `PackingStats` as `packing_stats`; optimizer steps follow
+    from the packs (`per_device_train_batch_size` packs per step), as with text packing. An example with images
+    longer than `max_length` raises (it is never cut); the `args` the trainer runs with have `packing=False` and
+    `padding_free=True`, since the rows are packed already.
 
     Args:
         *args, **kwargs: as for `SFTTrainer`.
@@ -90,6 +104,12 @@ class FlatSFTTrainer(SFTTrainer):
             super().__init__(*args, data_collator=data_collator, **kwargs)
             return
         refuse_raw_image_rows(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
+        self.packing_stats = None
+        model = kwargs.get("model", args[0] if args else None)
+        vision = is_image_text_model(model) or isinstance(data_collator, VisionDataCollatorWithFlattening)
+        if vision and training_args.packing and "args" in kwargs and "train_dataset" in kwargs:
+            kwargs = self._pack_image_text_rows(kwargs)
+            training_args = kwargs["args"]
         refuse_image_packing(kwargs.get("model", args[0] if args else None), data_collator, training_args)
         super().__init__(*args, **kwargs)
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model  # PEFT
@@ -101,6 +121,46 @@ class FlatSFTTrainer(SFTTrainer):
         self.data_collator = data_collator or DataCollatorWithFlattening(**options)
         self._keeps_vision_fields = isinstance(self.data_collator, VisionDataCollatorWithFlattening)
         prepare_model_for_flattening(base, attn_implementation=attn_implementation)
+
+    def _pack_image_text_rows(self, kwargs: dict) -> dict:
+        """Pack `train_dataset` (and a map-style `eval_dataset` when eval packing is on) with `pack_dataset`, log
+        what it did, and return the keyword arguments with the packed rows and `args` that do not pack again."""
+        training_args = kwargs["args"]
+        if training_args.max_length is None:
+            raise ValueError("packing=True needs SFTConfig(max_length=...): the most tokens of one pack.")
+        options = {
+            "strategy": "bfd",
+            "overlong": "split" if training_args.packing_strategy == "bfd_split" else "truncate",
+        }
+        kwargs = dict(kwargs)
+        train = kwargs["train_dataset"]
+        if isinstance(train, datasets.Dataset):
+            kwargs["train_dataset"], self.packing_stats = pack_dataset(
+                train, training_args.max_length, return_stats=True, **options
+            )
+            stats = self.packing_stats
+            logger.info(
+                "FlatSFTTrainer packed %d image-text rows into %d packs of <= %d tokens (fill %.2f%%, %.2f examples "
+                "per pack), vision fields one entry per example: %s",
+                stats.num_sequences,
+                stats.num_packs,
+                stats.pack_len,
+                100 * stats.fill,
+                stats.mean_sequences_per_pack,
+                ", ".join(stats.vision_columns) or "none",
+            )
+        else:  # a stream is packed chunk by chunk as it is read
+            kwargs["train_dataset"] = pack_dataset(train, training_args.max_length, **options)
+            logger.info(
+                "FlatSFTTrainer packs the image-text stream chunk by chunk into <= %d tokens.", training_args.max_length
+            )
+        eval_packing = training_args.packing if training_args.eval_packing is None else training_args.eval_packing
+        if eval_packing and isinstance(kwargs.get("eval_dataset"), datasets.Dataset):
+            kwargs["eval_dataset"] = pack_dataset(kwargs["eval_dataset"], training_args.max_length, **options)
+        unpacked = copy.copy(training_args)  # the user's config is left as given
+        unpacked.packing, unpacked.padding_free, unpacked.max_length = False, True, None
+        kwargs["args"] = unpacked
+        return kwargs
 
     def _set_signature_columns_if_needed(self):
         """TRL keeps `input_ids`, `labels` and `seq_lengths`; a vision collator also takes each example's vision
@@ -149,14 +209,15 @@ def refuse_raw_image_rows(train_dataset: Any) -> None:
 
 
 def refuse_image_packing(model: Any, collator: Any, training_args: Any) -> None:
-    """Raise for packing with an image-text model or a vision collator: TRL packs `input_ids` and `labels` only."""
+    """Raise for packing with an image-text model that `FlatSFTTrainer` could not pack itself (a model given by name,
+    `args` or `train_dataset` given by position): TRL packs `input_ids` and `labels` only."""
     vision = is_image_text_model(model) or isinstance(collator, VisionDataCollatorWithFlattening)
     if vision and training_args.packing:
         raise ValueError(
-            "packing=True keeps only `input_ids` and `labels` of each row (TRL's `select_columns` before packing), "
-            "so the images of an image-text model would be dropped while their placeholder tokens stay. Pass "
-            "SFTConfig(padding_free=True, packing=False, max_length=None): each batch is flattened into one row "
-            "with its images by VisionDataCollatorWithFlattening."
+            "packing=True keeps only `input_ids` and `labels` of each row in TRL (`select_columns` before packing), "
+            "so the images of an image-text model would be dropped while their placeholder tokens stay. Pass the "
+            "loaded model, and `args=` and `train_dataset=` by keyword, for FlatSFTTrainer to pack the rows with their "
+            "images (flatcollate.data.pack_dataset); or SFTConfig(padding_free=True, packing=False, max_length=None)."
         )
 
 
