@@ -76,9 +76,11 @@ def test_padded_batch_against_the_collator_and_a_per_example_loop(model):
 
 def test_run_reports_padding_steps_losses_and_memory(result):
     modes = result["modes"]
-    assert list(modes) == ["padded", "flattened"]
+    assert list(modes) == ["padded", "flattened", "packed"]
     assert modes["padded"]["optimizer_steps"] == modes["flattened"]["optimizer_steps"] == CONFIG.steps
-    assert modes["padded"]["real_tokens"] == modes["flattened"]["real_tokens"]
+    assert modes["padded"]["real_tokens"] == modes["flattened"]["real_tokens"] == modes["packed"]["real_tokens"]
+    assert 1 <= modes["packed"]["optimizer_steps"] <= CONFIG.steps * CONFIG.batch_size
+    assert modes["packed"]["padding_fraction"] == 0.0 and modes["packed"]["attn"] == "flatcollate"
     efficiency = modes["padded"]["real_tokens"] / modes["padded"]["computed_tokens"]
     assert modes["padded"]["padding_fraction"] == pytest.approx(1 - efficiency)
     assert result["data"]["sequences"] == CONFIG.steps * CONFIG.batch_size and 0 < result["data"]["profile_padding"] < 1
@@ -86,7 +88,7 @@ def test_run_reports_padding_steps_losses_and_memory(result):
     assert all(m["model_tflops_per_s"]["median"] > 0 and m["mfu"] is None for m in modes.values())  # no peak on a CPU
     assert modes["flattened"]["padding_fraction"] == 0.0
     assert result["loss_equivalence"]["max_abs_loss_diff"] <= 1e-5
-    assert all(len(m["losses"]) == CONFIG.steps for m in modes.values())
+    assert all(len(m["losses"]) == m["optimizer_steps"] for m in modes.values())
     ratio = result["ratios_vs_padded"]["flattened"]["tokens_per_cpu_s"]
     assert ratio["n"] == CONFIG.repeats and ratio["min"] <= ratio["median"] <= ratio["max"]
     assert result["headline"]["flattened_vs_padded"]["n"] == CONFIG.repeats
@@ -101,7 +103,7 @@ def test_run_reports_padding_steps_losses_and_memory(result):
 def test_summary_and_report_files(result, tmp_path):
     text = summary_text(result)
     assert "padding of the padded batches" in text and "device CPU" in text and "image tokens each" in text
-    assert "| padded |" in text and "| flattened |" in text
+    assert "| padded |" in text and "| flattened |" in text and "| packed |" in text
     assert "flatcollate (flattened) trains" in text
     paths = write_report(result, tmp_path)
     assert [p.name for p in paths] == list(report_files(result)) and paths[3].name == "vision_loss_curves.png"

@@ -4,8 +4,12 @@ examples whose text lengths come from a length profile and whose images follow Q
 
 `padded`: the processor-style batch, right padded, `attention_mask`, `mm_token_type_ids`, and no `position_ids`, so
 the unprepared model computes every example's 3-D positions itself, on SDPA. `flattened`:
-`VisionDataCollatorWithFlattening` on the model prepared by `prepare_model_for_flattening`. The vision fields
-(`pixel_values`, `image_grid_thw`) are the same tensors in both modes, so the vision tower does the same work.
+`VisionDataCollatorWithFlattening` on the model prepared by `prepare_model_for_flattening`. `packed`: the same
+examples in best-fit-decreasing packs of whole examples (`flatcollate.data.packing.pack_lengths` on their lengths,
+image placeholders counted; `pack_len` about a batch's tokens and at least the longest example), each pack
+(`flatcollate.vision.packs.pack_examples`, its vision fields one entry per example) one optimizer step through the same
+collator. The vision fields (`pixel_values`, `image_grid_thw`) are the same tensors in every mode, so the vision
+tower does the same work.
 """
 
 import functools
@@ -15,6 +19,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
+from ...data.packing import pack_lengths
 from ...profiles.load import load_profile, padded_fill
 from ...synthetic.images import (
     MAX_PIXELS,
@@ -29,6 +34,7 @@ from ...synthetic.images import (
 from ...testing.tiny_text import apply_overrides, check_overrides
 from ...testing.tiny_vision import tiny_vision_config
 from ...vision import VisionDataCollatorWithFlattening
+from ...vision.packs import pack_examples
 from ..batches import Plan, pad_examples, plan_modes
 from ..build import build_on_device, model_summary
 from ..config import CPU_MODEL, MAX_IMAGES, BenchConfig
@@ -102,10 +108,16 @@ def plan_vision_batches(config: VisionBenchConfig, model, modes) -> Plan:
     examples = vision_examples(model, pool, np.arange(len(pool.lengths)), seed=config.seed)
     warm_examples = vision_examples(model, warm, np.arange(len(warm.lengths)), seed=config.seed + 1)
     collators = {"padded": functools.partial(pad_examples, pad_token_id=model.config.text_config.pad_token_id or 0)}
-    if "flattened" in modes:  # the padded mode trains the unprepared model
-        collators["flattened"] = VisionDataCollatorWithFlattening.from_model(prepare_model_for_flattening(model))
+    if {"flattened", "packed"} & set(modes):  # the padded mode trains the unprepared model
+        collator = VisionDataCollatorWithFlattening.from_model(prepare_model_for_flattening(model))
+        collators["flattened"] = collators["packed"] = collator
+    pack_len = vision_pack_len(pool.lengths, batch_size=config.batch_size)
 
     def collate(mode: str, examples: list[dict]) -> list[dict]:
+        if mode == "packed":  # one step per pack of whole examples
+            lengths = [len(example["input_ids"]) for example in examples]
+            groups = labelled_packs(pack_lengths(np.array(lengths), max(pack_len, max(lengths))), examples)
+            return [collators[mode]([pack_examples([examples[i] for i in group])]) for group in groups]
         size = config.batch_size
         return [collators[mode](examples[i : i + size]) for i in range(0, len(examples), size)]
 
@@ -113,6 +125,36 @@ def plan_vision_batches(config: VisionBenchConfig, model, modes) -> Plan:
         modes, collate, examples, warm_examples, max_length=config.max_length, warmup_steps=config.warmup_steps
     )
     return replace(plan, pool=pool)  # the drawn pool, whose lengths and grids the FLOPs count
+
+
+def labelled_packs(groups: list[np.ndarray], examples: list[dict]) -> list[np.ndarray]:
+    """The packs, each one without a labelled token (its examples' completions cut by `max_length`) joined to the
+    pack before it (after it, for the first): its loss would not be defined. Rare beyond tiny `max_length`s; such a
+    joined step holds more than `pack_len` tokens."""
+    labelled = [any(bool((examples[i]["labels"] != -100).any()) for i in group) for group in groups]
+    kept: list[np.ndarray] = []
+    pending: list[np.ndarray] = []
+    for group, has_labels in zip(groups, labelled, strict=True):  # one step per pack
+        if not has_labels:
+            if kept:
+                kept[-1] = np.concatenate([kept[-1], group])
+            else:
+                pending.append(group)
+            continue
+        kept.append(np.concatenate([*pending, group]))
+        pending = []
+    return kept or [np.concatenate(pending)]
+
+
+def vision_pack_len(lengths: np.ndarray, *, batch_size: int) -> int:
+    """Tokens per pack of the `packed` mode: `batch_size` x the mean example length rounded up to a multiple of 64
+    (about a batch's tokens), and never below the longest example (an example with images is never cut).
+
+    >>> vision_pack_len(np.array([100, 300, 50]), batch_size=2)
+    320
+    """
+    target = int(np.ceil(batch_size * lengths.mean() / 64) * 64)
+    return max(target, int(lengths.max()))
 
 
 def workload(config: VisionBenchConfig) -> Workload:
@@ -185,7 +227,7 @@ def validate(config: VisionBenchConfig) -> None:
         raise UsageError(f"--set {error}") from None
 
 
-MODES = ("padded", "flattened")
+MODES = ("padded", "flattened", "packed")
 
 TASK = Task(
     name="vision",
@@ -197,13 +239,18 @@ TASK = Task(
         "model computes each example's 3-D positions), sdpa",
         "flattened": "VisionDataCollatorWithFlattening + prepare_model_for_flattening (one row, per-sequence 3-D "
         "positions, the flatcollate backend on the language model)",
+        "packed": "best-fit-decreasing packs of whole examples (about a batch's tokens each, images kept with their "
+        "example), one pack per step, through the same collator and model",
     },
     subject="flatcollate (flattened)",
     baseline="padded batches",
-    scope="its model is qwen2_5_vl, its modes padded and flattened; size the language model with --set",
+    scope="its model is qwen2_5_vl, its modes padded, flattened and packed; size the language model with --set",
     workload=workload,
     measure=measure,
     data_lines=data_lines,
     validate=validate,
-    legend=("- both modes give the vision tower the same pixel_values and image_grid_thw",),
+    legend=(
+        "- every mode gives the vision tower the same pixel_values and image_grid_thw",
+        "- packed runs one optimizer step per pack, so its step count differs; tokens per CPU second compare",
+    ),
 )
