@@ -1,0 +1,245 @@
+"""What flatcollate knows of each model family, one record per `model_type`.
+
+Most families need nothing: their attention layers dispatch through transformers' attention interface and take the
+forward's `cu_seq_lens_*` and `position_ids`, so the packed backend keeps sequences apart whatever the family's mask
+builder does. A family gets a record here where it differs, for one of these reasons:
+
+- text: it cannot be exact on flattened batches (`unsupported`), keeps transformers' backend (`own_backend`), sizes a
+  buffer by the row rather than the sequence (`row_length_limit`), or carries state along the row in layers that run
+  once per sequence (`mixers`, `flatcollate.modeling.stateful_layers`);
+- image-text: how its processor lays out images and how many placeholders each fills (`flatcollate.vision.layouts`,
+  `flatcollate.vision.counts`), which image runs attend both ways (`block_token_type`), which parameters its forward
+  never reaches (`unused_by_design`), and whether `FlatDPOTrainer` is proven on its images (`dpo_images`);
+- vision towers (`vision_config.model_type`): the class tokens before the patches (`class_tokens`).
+
+The rules that compute from a model or a config (the refusal of a family, its row-length limit, its image counts)
+stay with the feature that applies them; they read the record. Records hold strings and numbers only, so this module
+imports nothing from flatcollate.
+
+>>> family_of("mamba").mixers
+('MambaMixer',)
+>>> family_of("llama") == Family()
+True
+"""
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Family:
+    """What flatcollate knows of one `model_type`; every field defaults to "nothing special".
+
+    Attributes:
+        unsupported (`str`, *optional*): why flattened batches cannot be exact for the family (refused by
+            `prepare_model_for_flattening`).
+        own_backend (`str`, *optional*): why the family keeps transformers' attention backend (exact there with
+            restarting `position_ids`) instead of the packed one.
+        row_length_limit (`tuple[str, str]`, *optional*): `(config attribute, what it sizes)` of a buffer built for at
+            most that many tokens per row, not per sequence: restarting positions do not help, so a flattened row must
+            fit (measured: every other exact family runs a row longer than its position limit).
+        mixers (`tuple[str, ...]`): class names of the layers that carry state along the row (state-space, linear
+            attention, short convolutions), run once per sequence.
+        block_token_type (`int`, *optional*): the `token_type_ids` value whose runs attend bidirectionally (image
+            blocks; `flatcollate.attention.bidirectional_blocks`).
+        spatial_merge (`str`, *optional*): the vision-config attribute of a grid family's spatial merge (a side, or
+            Kimi-K2.5's kernel `(h, w)`): each image fills `t * h * w / merge**2` placeholders of `image_grid_thw`.
+        grid_layout (`bool`): the vision collator reads images and videos by their `*_grid_thw` rows
+            (`VisionLayout.merge_size` from `vision_config.spatial_merge_size`).
+        fixed_count (`bool`): every image fills the same number of placeholders (one feature map per image).
+        batch_first (`tuple[str, ...]`): fields the processor returns as `(batch, images, ...)`: an example's images
+            (tiles, Fuyu's patches) sit on dimension 1.
+        padded (`tuple[str, ...]`): fields the processor zero-pads to the batch's largest image (crops, height and
+            width, or patches); the model reads each image's real extent from `image_sizes` (`spatial_shapes`).
+        class_tokens (`int`, *optional*): for a vision tower, the class tokens it puts before the patches.
+        unused_by_design (`tuple[tuple[str, str], ...]`): `(parameter name pattern, reason)` pairs: image-path
+            parameters (`re.fullmatch`) the family's forward never reaches with the examples' images.
+        dpo_images (`bool`): `FlatDPOTrainer`'s step on image-text pairs is tested equal to `DPOTrainer`'s padded
+            step (tests/integrations/test_flat_dpo_vision.py); other families' image rows are refused.
+    """
+
+    unsupported: str | None = None
+    own_backend: str | None = None
+    row_length_limit: tuple[str, str] | None = None
+    mixers: tuple[str, ...] = ()
+    block_token_type: int | None = None
+    spatial_merge: str | None = None
+    grid_layout: bool = False
+    fixed_count: bool = False
+    batch_first: tuple[str, ...] = ()
+    padded: tuple[str, ...] = ()
+    class_tokens: int | None = None
+    unused_by_design: tuple[tuple[str, str], ...] = ()
+    dpo_images: bool = False
+
+
+_MAMBA_KERNELS = "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`"
+_RECURRENT = "its recurrent layers carry state across sequence boundaries"
+_ROW_WIDE_CONV_MASK = (
+    "its short-convolution and attention layers share a `conv_mask` over the whole row; running the convolutions "
+    "once per sequence is not enough (measured)"
+)
+_MERGE = "spatial_merge_size"
+_PIXELS = ("pixel_values",)
+_PIXELS_MASKED = ("pixel_values", "pixel_attention_mask")
+_POST_LAYERNORM = (
+    (
+        r"model\.(vision|image)_tower\.post_layernorm\.(weight|bias)",
+        "the family takes the vision layers' hidden states (`vision_feature_layer(s)`), which the tower's final norm "
+        "does not touch",
+    ),
+)
+
+FAMILIES: dict[str, Family] = {
+    # ---- text families ----
+    "bailing_hybrid": Family(mixers=("BailingHybridDeltaAttention",)),
+    "bamba": Family(unsupported=_MAMBA_KERNELS),
+    "big_bird": Family(row_length_limit=("max_position_embeddings", "its token-type buffer")),
+    "cpmant": Family(unsupported="its attention adds a position bias and segment mask over the whole row"),
+    "deepseek_v4": Family(
+        unsupported="its compressed-attention layers summarise every `compress_rate` tokens of the row into extra "
+        "keys, across sequence boundaries (measured with a sequence longer than its sliding window)"
+    ),
+    "doge": Family(own_backend="its attention adds a learned dynamic mask, which the packed kernels cannot apply"),
+    "falcon_h1": Family(mixers=("FalconH1Mixer",)),
+    "falcon_mamba": Family(mixers=("FalconMambaMixer",)),
+    "gpt_neo": Family(row_length_limit=("max_position_embeddings", "its local-attention bias")),
+    "granitemoehybrid": Family(unsupported=_MAMBA_KERNELS),
+    "inkling_text": Family(unsupported=_ROW_WIDE_CONV_MASK),
+    "inkling2_text": Family(unsupported=_ROW_WIDE_CONV_MASK),
+    "jamba": Family(mixers=("JambaMambaMixer",)),
+    "kimi_linear": Family(mixers=("KimiLinearDeltaAttention",)),
+    "lfm2_moe": Family(unsupported="its short-convolution layers mix neighbouring tokens across sequence boundaries"),
+    "lfm3": Family(mixers=("Lfm3ShortConv",)),
+    "mamba": Family(mixers=("MambaMixer",)),
+    "mamba2": Family(mixers=("Mamba2Mixer",)),
+    "minimax": Family(mixers=("MiniMaxLightningAttention",)),
+    "mpt": Family(row_length_limit=("max_seq_len", "its ALiBi attention bias")),
+    "nemotron_h": Family(mixers=("NemotronHMamba2Mixer",)),
+    "olmo_hybrid": Family(mixers=("OlmoHybridGatedDeltaNet",)),
+    "openai-gpt": Family(
+        unsupported="its attention applies a fixed causal bias over the whole row, outside the attention interface"
+    ),
+    "qwen3_5_moe_text": Family(mixers=("Qwen3_5MoeGatedDeltaNet",)),
+    "qwen3_5_text": Family(mixers=("Qwen3_5GatedDeltaNet",)),
+    "qwen3_next": Family(mixers=("Qwen3NextGatedDeltaNet",)),
+    "qwen4_exp_text": Family(mixers=("Qwen4ExpTextGatedDeltaNet",)),
+    "recurrent_gemma": Family(unsupported=_RECURRENT),
+    "roformer": Family(
+        row_length_limit=("max_position_embeddings", "its sinusoidal position table, read by row position")
+    ),
+    "rwkv": Family(unsupported=_RECURRENT),
+    "trocr": Family(
+        unsupported="it derives positions from `input_ids` (ignoring `position_ids`) and masks the whole row"
+    ),
+    "xlm": Family(
+        unsupported="it builds its own masks from lengths over the whole row, outside the attention interface"
+    ),
+    "xlstm": Family(unsupported=_RECURRENT),
+    "zamba": Family(mixers=("ZambaMambaMixer",)),
+    "zamba2": Family(unsupported=_MAMBA_KERNELS),
+    "zaya": Family(unsupported=_RECURRENT),
+    # ---- image-text families ----
+    "aria": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
+    "aya_vision": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
+    "cohere2_vision": Family(fixed_count=True),
+    "cosmos3_edge": Family(spatial_merge=_MERGE),
+    "cosmos3_omni": Family(spatial_merge=_MERGE),
+    "exaone4_5": Family(spatial_merge=_MERGE),
+    "fuyu": Family(batch_first=_PIXELS),
+    "gemma3": Family(block_token_type=1, fixed_count=True, dpo_images=True),
+    "glm4v": Family(spatial_merge=_MERGE, grid_layout=True),
+    "glm4v_moe": Family(spatial_merge=_MERGE, grid_layout=True),
+    "glm46v": Family(spatial_merge=_MERGE, grid_layout=True),
+    "glm_ocr": Family(spatial_merge=_MERGE),
+    "glmga": Family(spatial_merge=_MERGE),
+    "got_ocr2": Family(fixed_count=True),
+    "granite_docling": Family(
+        batch_first=_PIXELS_MASKED,
+        unused_by_design=(
+            (
+                r"model\.vision_model\.connector\.fine\..*",
+                "the fine connector path runs only for a batch the processor routes fine (`fine_route=True`, "
+                "`tile_fine_mask`); the examples take the coarse path",
+            ),
+        ),
+    ),
+    "hyperclovax_vision_v2": Family(spatial_merge=_MERGE),
+    "idefics2": Family(batch_first=_PIXELS_MASKED),
+    "idefics3": Family(batch_first=_PIXELS_MASKED),
+    "internvl": Family(fixed_count=True),
+    "kimi_k25": Family(spatial_merge="merge_kernel_size"),
+    "lfm2_vl": Family(padded=_PIXELS_MASKED),
+    "lfm3_vl": Family(spatial_merge=_MERGE),
+    "lighton_ocr": Family(padded=_PIXELS),
+    "llama4": Family(fixed_count=True),
+    "llava": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
+    "llava_next": Family(padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
+    "llava_next_video": Family(padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
+    "llava_onevision": Family(padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
+    "minimax_m3_vl": Family(spatial_merge=_MERGE),
+    "mistral3": Family(padded=_PIXELS),
+    "mistral_large4": Family(
+        own_backend="its sparse-attention indexer reads the attention mask, which the packed backend does not build",
+        padded=_PIXELS,
+    ),
+    "muse_glimmer": Family(spatial_merge="merge_size"),
+    "paddleocr_vl": Family(spatial_merge=_MERGE, grid_layout=True),
+    "paligemma": Family(block_token_type=0, fixed_count=True),
+    "pp_chart2table": Family(fixed_count=True),
+    "qwen2_vl": Family(spatial_merge=_MERGE, grid_layout=True, dpo_images=True),
+    "qwen2_5_vl": Family(spatial_merge=_MERGE, grid_layout=True, dpo_images=True),
+    "qwen3_vl": Family(spatial_merge=_MERGE, grid_layout=True),
+    "qwen3_vl_moe": Family(spatial_merge=_MERGE, grid_layout=True),
+    "qwen3_5": Family(spatial_merge=_MERGE),
+    "qwen3_5_moe": Family(spatial_merge=_MERGE),
+    "shieldgemma2": Family(block_token_type=1, fixed_count=True),
+    "smolvlm": Family(batch_first=_PIXELS_MASKED),
+    "video_llava": Family(
+        fixed_count=True,
+        unused_by_design=(
+            *_POST_LAYERNORM,
+            (r"model\.video_tower\..*", "the video tower runs on `pixel_values_videos`; the examples hold images only"),
+        ),
+    ),
+    "vipllava": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
+    # ---- vision towers ----
+    "clip_vision_model": Family(class_tokens=1),
+    "siglip_vision_model": Family(class_tokens=0),
+}
+"""`model_type` -> its record; a family not listed has the empty record `Family()`."""
+
+_NOTHING = Family()
+
+
+def family_of(config_or_model_type: Any) -> Family:
+    """The record of a family.
+
+    A `model_type` gives its own record. A config gives its own record with every field it leaves empty taken from its
+    language model's (`config.get_text_config()`): an image-text model built on `qwen3_5_text` or `lfm3` has that
+    model's state-carrying `mixers`.
+
+    Args:
+        config_or_model_type (`str` or `PretrainedConfig`): a `model_type` (`"qwen2_vl"`), or a model's config.
+
+    Returns:
+        `Family`: the record; `Family()` (nothing special) for a family not in `FAMILIES`.
+
+    >>> from transformers import AutoConfig
+    >>> family_of(AutoConfig.for_model("qwen3_5")).mixers, family_of("qwen3_5").mixers
+    (('Qwen3_5GatedDeltaNet',), ())
+    """
+    if isinstance(config_or_model_type, str):
+        return FAMILIES.get(config_or_model_type, _NOTHING)
+    config = config_or_model_type
+    own = FAMILIES.get(getattr(config, "model_type", ""), _NOTHING)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    language = FAMILIES.get(getattr(text, "model_type", ""), _NOTHING)
+    if language is own or language is _NOTHING:
+        return own
+    # field by field: the model's own value where it has one, else its language model's
+    return Family(**{f.name: _own_or(getattr(own, f.name), getattr(language, f.name), f.default) for f in fields(own)})
+
+
+def _own_or(own: Any, language: Any, default: Any) -> Any:
+    return language if own == default else own
