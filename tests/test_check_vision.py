@@ -54,7 +54,7 @@ def test_gemma3_and_llava(family, vanilla):
     ("family", "prepared"),
     [
         ("lfm2_vl", "exact"),
-        # Its sparse-attention indexer reads the attention mask: it keeps transformers' SDPA (`KEEP_OWN_BACKEND`).
+        # Its sparse-attention indexer reads the attention mask: it keeps transformers' SDPA (`Family.own_backend`).
         ("mistral_large4", "exact"),
     ],
 )

@@ -135,15 +135,15 @@ def _family_reason(model: str) -> tuple[str, str | None]:
     """The config's model_type and why it can never be exact on flattened batches (None when it may be)."""
     from transformers import AutoModelForCausalLM
 
-    from ..modeling.families import UNSUPPORTED_FAMILIES
+    from ..families import family_of
     from ..testing import tiny_config
 
     config = tiny_config(model)
     model_type = config.model_type
     if type(config) in AutoModelForCausalLM._model_mapping:
         return model_type, None
-    if model_type in UNSUPPORTED_FAMILIES:
-        return model_type, UNSUPPORTED_FAMILIES[model_type]
+    if (reason := family_of(model_type).unsupported) is not None:
+        return model_type, reason
     if getattr(config, "is_encoder_decoder", False):
         return model_type, "it is an encoder-decoder model; flattening applies to decoder-only causal LMs"
     return model_type, f"transformers has no causal-LM class for {model_type}"

@@ -20,8 +20,8 @@ from transformers import AutoModelForSequenceClassification, PretrainedConfig, P
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
 
 from .._conventions import IGNORE_INDEX
+from ..families import family_of
 from ..modeling import prepare_model_for_flattening, unsupported_reason
-from ..modeling.stateful_layers import SEGMENTED_MIXERS
 from ..preference.logprobs import flattened_logprobs
 from ..preference.scores import classifier_parts, prepare_reward_model, sequence_scores
 from ..testing import tiny_causal_lm, tiny_config
@@ -54,7 +54,7 @@ def check_task_model(
     if isinstance(model, PreTrainedModel):
         raise TypeError(f"the {task} check builds a tiny copy from the config: pass the model's config or model_type.")
     config = tiny_config(model, **(overrides or {}))
-    stateful = getattr(config, "model_type", "") in SEGMENTED_MIXERS
+    stateful = bool(family_of(getattr(config, "model_type", "")).mixers)
     plan = plan_check(config, lengths=lengths, stateful=stateful, shrink=True)
     options = {**(overrides or {}), **plan.overrides}
     value = 1e-5 if tolerance is None else tolerance

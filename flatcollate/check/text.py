@@ -15,8 +15,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from .._conventions import IGNORE_INDEX
 from ..attention import ATTN_IMPLEMENTATION
 from ..boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
+from ..families import family_of
 from ..modeling.family_positions import position_start
-from ..modeling.stateful_layers import SEGMENTED_MIXERS
 from ..testing import tiny_causal_lm, tiny_config
 from .lengths import plan_check
 from .report import CheckReport, max_diff, max_grad_diff
@@ -98,7 +98,7 @@ def check_text_model(
     if lengths is not None and min(lengths) < 1:
         raise ValueError(f"`lengths` must be positive sequence lengths, got {list(lengths)}.")
     config = model.config if isinstance(model, PreTrainedModel) else tiny_config(model, **(overrides or {}))
-    stateful = getattr(config, "model_type", "") in SEGMENTED_MIXERS
+    stateful = bool(family_of(getattr(config, "model_type", "")).mixers)
     plan = plan_check(config, lengths=lengths, stateful=stateful, shrink=not isinstance(model, PreTrainedModel))
     lengths = plan.lengths
     base = _tiny_model(model, seed, {**(overrides or {}), **plan.overrides})

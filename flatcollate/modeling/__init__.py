@@ -1,15 +1,14 @@
 """Making models safe for flattened batches: backend selection, family support, mask patches and the argument guard.
 
-Imports from flatcollate: `_conventions`, `boundaries`, `attention`.
+Imports from flatcollate: `_conventions`, `boundaries`, `families`, `attention`.
 """
 
-from .families import UNSUPPORTED_FAMILIES, unsupported_reason
+from .families import unsupported_reason
 from .guard import is_flattened
 from .prepare import prepare_model_for_flattening
 from .prepared_state import is_prepared
 
 __all__ = [
-    "UNSUPPORTED_FAMILIES",
     "is_flattened",
     "is_prepared",
     "prepare_model_for_flattening",

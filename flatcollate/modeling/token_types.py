@@ -4,8 +4,8 @@ Two kinds of families tell image tokens from text by a per-token field the proce
 
 - multimodal-RoPE families (Qwen2/2.5/3-VL, GLM-4V, PaddleOCR-VL, ...): `get_rope_index` reads `mm_token_type_ids`
   (1 on image tokens, 2 on video tokens) to give an image's tokens their grid coordinates;
-- image-block families (`BLOCK_TOKEN_TYPE`: Gemma 3, ShieldGemma 2, PaliGemma): `token_type_ids` mark the runs that
-  attend both ways.
+- image-block families (`Family.block_token_type`: Gemma 3, ShieldGemma 2, PaliGemma): `token_type_ids` mark the
+  runs that attend both ways.
 
 A dataset that never kept the column loses them. transformers raises for some families and, for others (Qwen2.5-VL,
 Gemma 3, PaliGemma), runs with image tokens on text positions or attending causally, silently wrong; flattened, every
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from ..attention.bidirectional_blocks import BLOCK_TOKEN_TYPE
+from ..families import family_of
 from .multimodal_positions import rope_index_of
 
 MM_TOKEN_TYPES = "mm_token_type_ids"
@@ -37,7 +37,7 @@ def token_types_read(model: torch.nn.Module) -> str | None:
 
     Returns:
         `"mm_token_type_ids"` when the model's `get_rope_index` takes them, `"token_type_ids"` for the image-block
-        families of `BLOCK_TOKEN_TYPE`, else None.
+        families (`Family.block_token_type`), else None.
 
     >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
     >>> token_types_read(tiny_vision_lm("qwen2_vl")), token_types_read(tiny_vision_lm("llava"))
@@ -48,7 +48,7 @@ def token_types_read(model: torch.nn.Module) -> str | None:
     if rope_index is not None and MM_TOKEN_TYPES in inspect.signature(rope_index).parameters:
         return MM_TOKEN_TYPES
     config = getattr(base, "config", None)
-    if getattr(config, "model_type", None) in BLOCK_TOKEN_TYPE:
+    if family_of(getattr(config, "model_type", "")).block_token_type is not None:
         return BLOCK_TOKEN_TYPES
     return None
 
