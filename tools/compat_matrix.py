@@ -253,7 +253,7 @@ def image_text_markdown(rows: list[dict]) -> str:
         "model carries seeded noise; the batch with its images reversed across examples must move the logits by more",
         "than 1e-2 (*images reversed*: the largest logit change), and every vision-tower and projector parameter must",
         "get a gradient (*gradients*: those that get one, of those on the image path; the few a family never runs on",
-        "these examples, such as a CLIP tower's final norm, are named with their reason in `UNUSED_BY_DESIGN`);",
+        "these examples, such as a CLIP tower's final norm, are named with their reason in `Family.unused_by_design`);",
         "otherwise a family is `unverified`, not `exact`.",
         "",
         f"flatcollate exact on **{len(exact)} of {len(built)}** families that build as tiny models "

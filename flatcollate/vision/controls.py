@@ -12,7 +12,7 @@ the proof would pass blind. Two controls, run beside every proof:
       reversed       [img2 | img1 img0 | ]        example 0 now sees example 1's second image
 
 - `dead_image_parameters`: the vision tower's and projector's parameters whose gradient is missing or exactly zero
-  everywhere, less the ones a family leaves unused by design (`UNUSED_BY_DESIGN`, each with its reason).
+  everywhere, less the ones a family leaves unused by design (`Family.unused_by_design`, each with its reason).
 """
 
 import re
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..families import family_of
 from .layouts import VisionLayout
 
 IMAGE_SHIFT = 1e-2
@@ -27,27 +28,6 @@ IMAGE_SHIFT = 1e-2
 
 PIXEL_FIELDS = ("pixel_values", "pixel_values_videos")
 """The fields whose contents `images_reversed` reverses; sizes, grids and masks stay where they are."""
-
-_POST_LAYERNORM = {
-    r"model\.(vision|image)_tower\.post_layernorm\.(weight|bias)": "the family takes the vision layers' hidden states "
-    "(`vision_feature_layer(s)`), which the tower's final norm does not touch"
-}
-UNUSED_BY_DESIGN: dict[str, dict[str, str]] = {
-    **dict.fromkeys(
-        ("aria", "aya_vision", "llava", "llava_next", "llava_next_video", "llava_onevision", "vipllava"),
-        _POST_LAYERNORM,
-    ),
-    "video_llava": {
-        **_POST_LAYERNORM,
-        r"model\.video_tower\..*": "the video tower runs on `pixel_values_videos`; the examples hold images only",
-    },
-    "granite_docling": {
-        r"model\.vision_model\.connector\.fine\..*": "the fine connector path runs only for a batch the processor "
-        "routes fine (`fine_route=True`, `tile_fine_mask`); the examples take the coarse path",
-    },
-}
-"""`model_type` -> {parameter name pattern (`re.fullmatch`): why the family's forward never reaches it with the
-examples' images}. Everything else on the image path must get a gradient."""
 
 
 def images_reversed(batch: Mapping, layout: VisionLayout) -> dict:
@@ -95,8 +75,9 @@ def image_parameters(model: torch.nn.Module) -> list[str]:
 
 
 def unused_by_design(model: torch.nn.Module) -> list[str]:
-    """Image-path parameters that `UNUSED_BY_DESIGN` names for the model's family."""
-    patterns = UNUSED_BY_DESIGN.get(getattr(model.config, "model_type", None), {})
+    """Image-path parameters that the model's family leaves unused by design (`Family.unused_by_design`): everything
+    else on the image path must get a gradient."""
+    patterns = [pattern for pattern, _ in family_of(getattr(model.config, "model_type", "")).unused_by_design]
     return [name for name in image_parameters(model) if any(re.fullmatch(p, name) for p in patterns)]
 
 

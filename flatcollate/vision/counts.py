@@ -29,39 +29,9 @@ import numpy as np
 import torch
 from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
 
+from ..families import family_of
+
 Rule = Callable[[Mapping[str, Any]], np.ndarray]
-
-GRID_MERGE = {
-    **dict.fromkeys(
-        (
-            "qwen2_vl",
-            "qwen2_5_vl",
-            "qwen3_vl",
-            "qwen3_vl_moe",
-            "qwen3_5",
-            "qwen3_5_moe",
-            "glm4v",
-            "glm4v_moe",
-            "glm46v",
-            "glmga",
-            "glm_ocr",
-            "paddleocr_vl",
-            "cosmos3_omni",
-            "cosmos3_edge",
-            "hyperclovax_vision_v2",
-            "exaone4_5",
-            "lfm3_vl",
-            "minimax_m3_vl",
-        ),
-        "spatial_merge_size",
-    ),
-    "muse_glimmer": "merge_size",
-    "kimi_k25": "merge_kernel_size",
-}
-"""Grid families and the vision-config attribute of their spatial merge (a side, or Kimi-K2.5's kernel `(h, w)`)."""
-
-CLASS_TOKEN_TOWERS = {"clip_vision_model": 1, "siglip_vision_model": 0}
-"""Vision towers of the LLaVA-style families by `model_type`, and the class tokens they put before the patches."""
 
 
 def image_token_rule(config) -> Rule | None:
@@ -73,8 +43,8 @@ def image_token_rule(config) -> Rule | None:
     [4, 6]
     """
     family, vision = config.model_type, getattr(config, "vision_config", None)
-    if family in GRID_MERGE:
-        merge = getattr(vision, GRID_MERGE[family])
+    if (merge_attribute := family_of(family).spatial_merge) is not None:
+        merge = getattr(vision, merge_attribute)
         return functools.partial(grid_tokens, area=int(np.prod(merge)) if isinstance(merge, list | tuple) else merge**2)
     if family == "video_llama_3":
         return functools.partial(grid_tokens, merge_field="image_merge_sizes")
@@ -203,7 +173,7 @@ def _fixed_count(config) -> int | None:
     if family in ("llava", "video_llava"):
         return crop
     if family == "vipllava":  # drops the class token whatever the strategy
-        cls = CLASS_TOKEN_TOWERS.get(vision.model_type)
+        cls = family_of(vision.model_type).class_tokens
         return None if cls is None else _patches(vision) + cls - 1
     if family == "paligemma":
         return _patches(vision)
@@ -228,9 +198,10 @@ def _fixed_count(config) -> int | None:
 
 def _crop_tokens(config) -> int | None:
     """Tokens of one crop of a LLaVA-style tower: its patches, a class token where the tower has one, less the first
-    token under the `"default"` feature strategy; None for a tower not in `CLASS_TOKEN_TOWERS`."""
+    token under the `"default"` feature strategy; None for a tower whose class tokens are not known
+    (`Family.class_tokens`)."""
     vision = config.vision_config
-    cls = CLASS_TOKEN_TOWERS.get(vision.model_type)
+    cls = family_of(vision.model_type).class_tokens
     if cls is None:
         return None
     default = getattr(config, "vision_feature_select_strategy", None) == "default"

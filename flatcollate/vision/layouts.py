@@ -13,56 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..families import family_of
 from .counts import Rule, image_token_rule
 
-GRID_FAMILIES = frozenset(
-    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v", "glm4v_moe", "glm46v", "paddleocr_vl"}
-)
-"""Families whose images fill `t * h / merge * w / merge` placeholders each (`image_grid_thw`)."""
-
-FIXED_COUNT_FAMILIES = frozenset(
-    {
-        "llava",
-        "vipllava",
-        "video_llava",
-        "paligemma",
-        "gemma3",
-        "shieldgemma2",
-        "aya_vision",
-        "cohere2_vision",
-        "internvl",
-        "aria",
-        "llama4",
-        "got_ocr2",
-        "pp_chart2table",
-    }
-)
-"""Families whose every image fills the same number of placeholders (one feature map per image): where the count is
-not read from the config (a vision tower `counts` does not know), every image of a batch must agree."""
-
-BATCH_FIRST_FIELDS = {
-    "idefics2": ("pixel_values", "pixel_attention_mask"),
-    "idefics3": ("pixel_values", "pixel_attention_mask"),
-    "smolvlm": ("pixel_values", "pixel_attention_mask"),
-    "granite_docling": ("pixel_values", "pixel_attention_mask"),
-    "fuyu": ("pixel_values",),
-}
-"""Families whose processor returns images as `(batch, images, ...)`: an example's images (tiles, Fuyu's patches) sit
-on dimension 1."""
-
-PADDED_FIELDS = {
-    "llava_next": ("pixel_values",),
-    "llava_next_video": ("pixel_values",),
-    "llava_onevision": ("pixel_values",),
-    "mistral3": ("pixel_values",),
-    "mistral_large4": ("pixel_values",),
-    "lighton_ocr": ("pixel_values",),
-    "lfm2_vl": ("pixel_values", "pixel_attention_mask"),
-}
-"""Families whose processor zero-pads images to the batch's largest (LLaVA-NeXT, LLaVA-NeXT-Video, OneVision: crops per
-image; Pixtral-based Mistral 3 / Mistral Large 3: height and width; LFM2-VL: patches per image, masked by
-`pixel_attention_mask`); the model reads each image's real extent from `image_sizes` (`spatial_shapes`), so the
-collator pads the examples' images to a common shape the same way."""
 
 @dataclass(frozen=True)
 class VisionLayout:
@@ -71,13 +24,16 @@ class VisionLayout:
     Attributes:
         image_token_id (`int`, *optional*): the image placeholder id (counts are checked when set).
         video_token_id (`int`, *optional*): the video placeholder id.
-        merge_size (`int`, *optional*): spatial merge of grid families (`vision_config.spatial_merge_size`).
+        merge_size (`int`, *optional*): spatial merge of grid families (`vision_config.spatial_merge_size`, where
+            `Family.grid_layout`).
         tokens_per_image (`int`, *optional*): placeholders of every image, for families with a fixed count.
         image_tokens (`Callable`, *optional*): the family's rule, `(example) -> (images,) int64` placeholders of each
             image from the example's vision fields (`flatcollate.vision.counts.image_token_rule`).
-        same_count (`bool`): every image fills the same (unknown) number of placeholders; checked across the batch.
-        batch_first (`tuple[str, ...]`): fields laid out `(1, images, ...)` per example.
-        padded (`tuple[str, ...]`): fields padded on dimension 1 to concatenate.
+        same_count (`bool`): every image fills the same (unknown) number of placeholders (`Family.fixed_count`, and
+            no rule knows the count); checked across the batch.
+        batch_first (`tuple[str, ...]`): fields laid out `(1, images, ...)` per example (`Family.batch_first`).
+        padded (`tuple[str, ...]`): fields padded on dimension 1 to concatenate (`Family.padded`: the processor
+            zero-pads images to the batch's largest, and the collator pads the examples' images the same way).
         model_inputs (`frozenset[str]`, *optional*): the parameters of the model's `forward` (set by
             `VisionDataCollatorWithFlattening.from_model`): an example's field among them that the collator cannot
             place is refused rather than dropped.
@@ -101,23 +57,23 @@ class VisionLayout:
         >>> VisionLayout.from_config(AutoConfig.for_model("qwen2_vl")).merge_size
         2
         """
-        family = config.model_type
+        family = family_of(config.model_type)
         image = getattr(config, "image_token_id", None)
         image = getattr(config, "image_token_index", None) if image is None else image
         vision = getattr(config, "vision_config", None)
-        merge = getattr(vision, "spatial_merge_size", None) if family in GRID_FAMILIES else None
+        merge = getattr(vision, "spatial_merge_size", None) if family.grid_layout else None
         rule = image_token_rule(config)
         return cls(
             image_token_id=image,
             video_token_id=getattr(config, "video_token_id", None),
             merge_size=merge,
             tokens_per_image=getattr(config, "mm_tokens_per_image", None)
-            if family in ("gemma3", "shieldgemma2")
+            if config.model_type in ("gemma3", "shieldgemma2")
             else None,
             image_tokens=rule,
-            same_count=family in FIXED_COUNT_FAMILIES and rule is None,
-            batch_first=BATCH_FIRST_FIELDS.get(family, ()),
-            padded=PADDED_FIELDS.get(family, ()),
+            same_count=family.fixed_count and rule is None,
+            batch_first=family.batch_first,
+            padded=family.padded,
         )
 
 

@@ -140,7 +140,7 @@ def test_reversing_the_images_moves_the_logits(family_case, reference, flattened
 
 def test_every_image_parameter_gets_a_gradient(family_case, reference):
     """No vision-tower or projector parameter is inert: each gradient of the reference run is non-zero somewhere,
-    except the ones `controls.UNUSED_BY_DESIGN` names with the family's reason."""
+    except the ones the family's `unused_by_design` names with its reason (`flatcollate.families`)."""
     family, model, _ = family_case
     assert image_parameters(model)
     assert dead_image_parameters(model, reference[2]) == [], family

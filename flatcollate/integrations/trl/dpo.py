@@ -14,21 +14,18 @@ counts are computed by `DPOTrainer` itself::
 Image-text pairs (`image` / `images` rows, processed on the fly as TRL's `DataCollatorForVisionPreference` does) are
 collated by `flatcollate.preference.vision_collate.VisionDataCollatorForPreference`: each pair's images go with its
 chosen and its rejected sequence, and the prepared model computes multimodal positions per sequence. Families proven
-exact against `DPOTrainer`'s padded vision step are `VISION_FAMILIES`; others are refused.
+exact against `DPOTrainer`'s padded vision step have `Family.dpo_images` (`flatcollate.families`); others are refused.
 """
 
 from collections.abc import Mapping
 
 from trl import DPOConfig, DPOTrainer
 
+from ...families import FAMILIES, family_of
 from ...preference.collate import DataCollatorForPreference
 from ...preference.vision_collate import VisionDataCollatorForPreference
 from .flat_forward import FlatForward, SequenceLayout, is_flattened, refuse_padding_options
 from .prepared import PreparedModelsMixin
-
-VISION_FAMILIES = frozenset({"gemma3", "qwen2_5_vl", "qwen2_vl"})
-"""Image-text families whose `FlatDPOTrainer` step is tested equal to `DPOTrainer`'s padded step
-(tests/integrations/test_flat_dpo_vision.py)."""
 
 
 class FlatDPOTrainer(PreparedModelsMixin, DPOTrainer):
@@ -91,10 +88,11 @@ class FlatDPOTrainer(PreparedModelsMixin, DPOTrainer):
 def refuse_unproven_family(model) -> None:
     """Raise for image rows on a family whose flattened DPO step is not tested equal to the padded one."""
     family = getattr(getattr(model, "config", None), "model_type", None)
-    if family not in VISION_FAMILIES:
+    if not family_of(family or "").dpo_images:
+        proven = sorted(name for name, record in FAMILIES.items() if record.dpo_images)
         raise ValueError(
             f"FlatDPOTrainer on rows with images is tested equal to DPOTrainer's padded step for "
-            f"{', '.join(sorted(VISION_FAMILIES))}; the model is {family!r}. Use trl.DPOTrainer for this model."
+            f"{', '.join(proven)}; the model is {family!r}. Use trl.DPOTrainer for this model."
         )
 
 
