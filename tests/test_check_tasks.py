@@ -5,6 +5,7 @@ them."""
 
 import pytest
 
+from flatcollate.boundaries import Boundaries
 from flatcollate.check import check_model
 from flatcollate.check import cli as check_cli
 from flatcollate.check.tasks import TASKS
@@ -67,9 +68,9 @@ def test_the_image_text_dpo_check_sees_a_boundary_one_token_early(monkeypatch):
     bounds = logprobs.sequence_bounds
 
     def early(batch):
-        moved = bounds(batch).clone()
+        moved = bounds(batch).cu_seqlens.clone()
         moved[1] -= 1
-        return moved
+        return Boundaries(moved, int(moved.diff().max()))
 
     monkeypatch.setattr(logprobs, "sequence_bounds", early)
     report = check_model("qwen2_vl", task="dpo", backends=("flatcollate",))

@@ -16,10 +16,12 @@ ROOT = Path(__file__).parents[1] / "flatcollate"
 MAX_LINES = 300
 # Old paths of moved modules: gone (one name for one thing), not forwarding.
 OLD_PATHS = (
+    "flatcollate.attention.packed_segments",
     "flatcollate.attention.reference_flash_attn",
     "flatcollate.attention.reference_kernels",
     "flatcollate.check_cli",
     "flatcollate.check_lengths",
+    "flatcollate.modeling.families",
     "flatcollate.models",
     "flatcollate.vision.check",
     "flatcollate.vision.composite",

@@ -26,10 +26,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from .packed_segments import PackedSegments, host_boundaries
-
-BLOCK_TOKEN_TYPE = {"gemma3": 1, "shieldgemma2": 1, "paligemma": 0}
-"""`model_type` -> the `token_type_ids` value whose runs attend bidirectionally."""
+from ..boundaries import Boundaries
 
 BLOCKS_KEY = "bidirectional_blocks"
 """Forward argument the guard adds for those families; the packed backend reads it."""
@@ -71,19 +68,19 @@ def _allowed(blocks: torch.Tensor, window: int | None) -> torch.Tensor:
     return causal | same
 
 
-def block_kernel(query, key, value, segments: PackedSegments, blocks: torch.Tensor, *, scale, window, softcap, dropout):
+def block_kernel(query, key, value, boundaries: Boundaries, blocks: torch.Tensor, *, scale, window, softcap, dropout):
     """SDPA once per sequence with its own `(L, L)` mask (`_allowed`); masks never span two sequences.
 
     Args:
         query (`torch.Tensor` of shape `(T, Hq, D)`); key, value (`(T, Hkv, D)`).
-        segments (`PackedSegments`): the row's sequences.
+        boundaries (`Boundaries`): the row's sequences.
         blocks (`torch.Tensor` of shape `(T,)`, int64): `block_ids` of the row.
         scale, window, softcap, dropout: as the other packed kernels take them.
 
     Returns:
         `torch.Tensor` of shape `(T, Hq, D)`.
     """
-    bounds = host_boundaries(segments.cu_seqlens)
+    bounds = boundaries.host
     groups = query.shape[1] // key.shape[1]
     outputs = []
     for start, end in itertools.pairwise(bounds):  # one masked call per sequence

@@ -1,13 +1,13 @@
 """The `sdpa` packed kernel as one opaque operator, which is what a model under `torch.compile` calls.
 
-The kernel reads the row's boundaries on the host (`host_boundaries`, `group_plan`) and runs one SDPA call per group
+The kernel reads the row's boundaries on the host (`Boundaries.host`, `group_plan`) and runs one SDPA call per group
 of similar lengths: its code depends on the data. Traced by dynamo, every layer would break the graph at the host
 copy and the first batch's plan would be baked into the graph. As a custom operator the whole kernel is one node whose
 output has the query's shape, so the compiled model is one graph for every batch, and the kernel runs eagerly inside
-it, where the layers of a forward share one host copy of the boundaries (its caches key on the `cu_seq_lens` tensor,
-which the graph hands to every layer unchanged)::
+it, where the layers of a forward share one host copy of the boundaries (the `Boundaries` the guard built is carried
+by the `cu_seq_lens` tensor, which the graph hands to every layer unchanged)::
 
-    eager     layer: q, k, v -> sdpa_kernel(q, k, v, segments)              (host copy cached per tensor)
+    eager     layer: q, k, v -> sdpa_kernel(q, k, v, boundaries)              (one Boundaries per forward)
     compiled  layer: q, k, v -> flatcollate::packed_sdpa(q, k, v, cu_seqlens, ...)   one node; runs sdpa_kernel
 
 The backward recomputes the kernel's forward under autograd (as activation checkpointing does, for attention only):
@@ -26,18 +26,19 @@ True
 import torch
 from torch import Tensor
 
+from ..boundaries import Boundaries
 from .kernels import sdpa_kernel
-from .packed_segments import segments_from_kwargs, split_into_chunks
 
 
 def _attention(query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk):
     """`sdpa_kernel` on `(T, H, D)` inputs, with the boundaries the backend would have derived in eager mode."""
     kwargs = {"cu_seq_lens_q": cu_seqlens, "max_length_q": max_length, "position_ids": position_ids}
-    segments = segments_from_kwargs(kwargs, total_tokens=query.shape[0])
+    length = query.shape[0] if position_ids is None else position_ids.shape[-1]
+    boundaries = Boundaries.from_kwargs(kwargs, rows=query.shape[0] // max(length, 1), length=length)
     if chunk is not None:
-        segments = split_into_chunks(segments, chunk)
+        boundaries = boundaries.chunked(chunk)
     return sdpa_kernel(
-        query, key, value, segments, scale=scale, window=window, softcap=softcap, dropout=0.0, sinks=sinks
+        query, key, value, boundaries, scale=scale, window=window, softcap=softcap, dropout=0.0, sinks=sinks
     )
 
 

@@ -17,9 +17,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..boundaries import Boundaries
 from .bidirectional_blocks import BLOCKS_KEY, block_kernel
 from .compiled_sdpa import compiled_sdpa_kernel
-from .packed_segments import segments_from_kwargs, split_into_chunks, with_row_boundaries
 from .selection import KERNELS, forced_kernel, select_kernel
 
 ATTN_IMPLEMENTATION = "flatcollate"
@@ -62,15 +62,14 @@ def packed_attention_forward(
     blocks = kwargs.get(BLOCKS_KEY)
     if blocks is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         raise ValueError("The flatcollate attention backend is causal only; this layer asks for full attention.")
-    kwargs = with_row_boundaries(kwargs, rows=batch, length=length, device=query.device)
     chunk = attention_chunk(module)
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     window = kwargs.get("sliding_window")
     scale = head_dim**-0.5 if scaling is None else scaling
     q, k, v = (t.transpose(1, 2).reshape(batch * length, t.shape[1], t.shape[3]) for t in (query, key, value))
     if blocks is not None:  # image tokens attend to their own image both ways (Gemma 3): masked, per sequence
-        segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
-        out = block_kernel(q, k, v, segments, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
+        boundaries = Boundaries.from_kwargs(kwargs, rows=batch, length=length, device=query.device)
+        out = block_kernel(q, k, v, boundaries, blocks, scale=scale, window=window, softcap=softcap, dropout=dropout)
         return out.reshape(batch, length, heads, value.shape[-1]), None
     if backend != "auto" and backend not in KERNELS:
         raise ValueError(f"Unknown packed attention backend {backend!r}; choose `auto` or one of {sorted(KERNELS)}.")
@@ -79,12 +78,14 @@ def packed_attention_forward(
     name = select_kernel(q, **options) if backend == "auto" else forced_kernel(backend, q, **options)
     if name == "sdpa" and torch.compiler.is_compiling():  # one opaque node: no graph break, no plan baked in
         options = {"scale": scale, "window": window, "softcap": softcap, "dropout": dropout, "sinks": sinks}
+        if kwargs.get("position_ids") is None and kwargs.get("cu_seq_lens_q") is None:
+            kwargs = {**kwargs, **Boundaries.from_kwargs(kwargs, rows=batch, length=length, device=q.device).kwargs()}
         out = compiled_sdpa_kernel(q, k, v, kwargs, chunk=chunk, **options)
         return out.reshape(batch, length, heads, value.shape[-1]), None
-    segments = segments_from_kwargs(kwargs, total_tokens=batch * length)
+    boundaries = Boundaries.from_kwargs(kwargs, rows=batch, length=length, device=query.device)
     if chunk is not None:
-        segments = split_into_chunks(segments, chunk)
-    out = KERNELS[name](q, k, v, segments, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
+        boundaries = boundaries.chunked(chunk)
+    out = KERNELS[name](q, k, v, boundaries, scale=scale, window=window, softcap=softcap, dropout=dropout, sinks=sinks)
     return out.reshape(batch, length, heads, value.shape[-1]), None
 
 

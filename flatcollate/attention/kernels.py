@@ -2,7 +2,7 @@
 the varlen libraries are in `flatcollate.attention.varlen_kernels`).
 
 Every kernel takes `query` of shape `(T, Hq, D)` and `key`/`value` of shape `(T, Hkv, D)` (`Hq` a multiple of `Hkv`:
-GQA/MQA), the row's `PackedSegments`, and returns `(T, Hq, D)`. Attention is causal inside each sequence, never
+GQA/MQA), the row's `Boundaries`, and returns `(T, Hq, D)`. Attention is causal inside each sequence, never
 across; `window` keeps the last `window` keys of each query, itself included (transformers' `sliding_window`);
 `softcap` applies `softcap * tanh(scores / softcap)` before the softmax (Gemma 2); `sinks` `(Hq,)` adds one learned
 logit per head to every softmax (gpt-oss; `sdpa` kernel only).
@@ -11,45 +11,29 @@ logit per head to every softmax (gpt-oss; `sdpa` kernel only).
 import torch
 import torch.nn.functional as F
 
+from ..boundaries import Boundaries
 from . import capabilities
 from .features import refuse_unless_computed
 from .length_batches import FromSlots, ToSlots, group_plan
-from .packed_segments import PackedSegments, host_boundaries
 
-
-def _document_ids(segments: PackedSegments, total: int) -> torch.Tensor:
-    """`(T,)` int32: index of the sequence each token belongs to, without a loop over tokens."""
-    lengths = segments.cu_seqlens.diff()
-    ids = torch.arange(lengths.numel(), device=lengths.device, dtype=torch.int32)
-    return torch.repeat_interleave(ids, lengths, output_size=total)
-
-
-_BLOCK_MASKS: dict[str, tuple] = {}
 _COMPILED_FLEX: dict[str, object] = {}
 
 
-def _document_block_mask(segments: PackedSegments, total: int, window: int | None, device):
-    """Block mask of causal attention inside each document, built once per boundaries tensor, window and device.
-
-    Layers of one forward share the collator's `cu_seq_lens` object, so only the first layer (per window size)
-    builds the mask; the entry holds that tensor, so a hit needs the very same object, unmodified.
-    """
+def _document_block_mask(boundaries: Boundaries, total: int, window: int | None, device):
+    """Block mask of causal attention inside each document, built once per boundaries, window and device (the
+    layers of one forward share one `Boundaries`, so only the first layer per window size builds it)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    cu = segments.cu_seqlens
-    key = f"{window}@{torch.device(device)}"
-    entry = _BLOCK_MASKS.get(key)
-    if entry is not None and entry[0] is cu and entry[1] == cu._version and entry[2] == total:
-        return entry[3]
-    docs = _document_ids(segments, total).to(device)
+    def build(boundaries: Boundaries):
+        docs = boundaries.seq_idx.to(device)
 
-    def document_causal(b, h, q_idx, kv_idx):
-        keep = (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
-        return keep if window is None else keep & (q_idx - kv_idx < window)
+        def document_causal(b, h, q_idx, kv_idx):
+            keep = (docs[q_idx] == docs[kv_idx]) & (q_idx >= kv_idx)
+            return keep if window is None else keep & (q_idx - kv_idx < window)
 
-    block_mask = create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
-    _BLOCK_MASKS[key] = (cu, cu._version, total, block_mask)
-    return block_mask
+        return create_block_mask(document_causal, B=None, H=None, Q_LEN=total, KV_LEN=total, device=device)
+
+    return boundaries.view(f"flex block mask {window} {total} @{torch.device(device)}", build)
 
 
 def _flex_attention(device_type: str):
@@ -78,7 +62,7 @@ def flex_kernel_options(query: torch.Tensor, *, softcap: float | None, window: i
     return {"BACKEND": "FLASH"} if half and capabilities.compute_capability(query)[0] >= 9 else None
 
 
-def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+def flex_kernel(query, key, value, boundaries: Boundaries, *, scale, window, softcap, dropout, sinks=None):
     """`flex_attention` with a document block mask (trains on CUDA; on CPU only without grad)."""
     refuse_unless_computed("flex", dropout=dropout, softcap=softcap, sinks=sinks)
     if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
@@ -87,7 +71,7 @@ def flex_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
     def soft_cap(score, b, h, q_idx, kv_idx):
         return softcap * torch.tanh(score / softcap)
 
-    block_mask = _document_block_mask(segments, query.shape[0], window, query.device)
+    block_mask = _document_block_mask(boundaries, query.shape[0], window, query.device)
     out = _flex_attention(query.device.type)(
         query.transpose(0, 1).unsqueeze(0),
         key.transpose(0, 1).unsqueeze(0),
@@ -132,7 +116,7 @@ def _math_attention(q, k, v, *, scale, window, softcap, dropout, sinks=None):
     return F.dropout(probs, p=dropout, training=dropout > 0) @ v
 
 
-def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, softcap, dropout, sinks=None):
+def sdpa_kernel(query, key, value, boundaries: Boundaries, *, scale, window, softcap, dropout, sinks=None):
     """SDPA on batches of similar-length sequences, each right-padded: runs everywhere and trains.
 
     Right padding needs no mask under causal attention: a real query only sees keys at or before itself, all real;
@@ -142,7 +126,7 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
                                                       b b b .
     """
     total = query.shape[0]
-    bounds = host_boundaries(segments.cu_seqlens)
+    bounds = boundaries.host
     if bounds[-1] != total:
         raise ValueError(
             f"`cu_seq_lens` covers {bounds[-1]} tokens but the row holds {total}; boundaries must come from "
@@ -152,7 +136,7 @@ def sdpa_kernel(query, key, value, segments: PackedSegments, *, scale, window, s
     math_path = softcap is not None or sinks is not None
     if groups > 1 and math_path:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    plan = group_plan(segments.cu_seqlens)
+    plan = group_plan(boundaries)
     # A row already in batch order (equal lengths, one sequence) is read in place: gathers would only copy it.
     slots = [t if plan.in_place else ToSlots.apply(t, plan) for t in (query, key, value)]
     # Split, not sliced: the backward of a split is one concatenation, that of each slice a zero-filled row.

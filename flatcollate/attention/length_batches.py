@@ -14,13 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .packed_segments import host_boundaries
+from ..boundaries import Boundaries
 
 GROUP_FILL = 0.75
 """Sequences share one batched SDPA call when the shortest is at least this fraction of the group's longest."""
-
-_PLANS: dict[str, tuple] = {}
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -39,12 +36,13 @@ class Plan:
     in_place: bool
 
 
-def group_plan(cu_seqlens: torch.Tensor) -> Plan:
-    """The batching plan of a row, built on the host once per boundaries tensor (cached like `host_boundaries`)."""
-    entry = _PLANS.get("last")
-    if entry is not None and entry[0] is cu_seqlens and entry[1] == cu_seqlens._version:
-        return entry[2]
-    bounds = np.asarray(host_boundaries(cu_seqlens), dtype=np.int64)
+def group_plan(boundaries: Boundaries) -> Plan:
+    """The batching plan of a row, built on the host once per `Boundaries` (the layers of a forward share one)."""
+    return boundaries.view("sdpa group plan", _plan)
+
+
+def _plan(boundaries: Boundaries) -> Plan:
+    bounds = np.asarray(boundaries.host, dtype=np.int64)
     starts, lengths = bounds[:-1], np.diff(bounds)
     order = [i for i in np.argsort(-lengths, kind="stable") if lengths[i] > 0]
     slot_token, real, batches, first, used = [], [], [], 0, 0
@@ -63,7 +61,7 @@ def group_plan(cu_seqlens: torch.Tensor) -> Plan:
     real = np.concatenate(real) if real else np.zeros(0, dtype=bool)
     token_slot = np.empty(int(bounds[-1]), dtype=np.int64)
     token_slot[slot_token[real]] = np.flatnonzero(real)
-    device = cu_seqlens.device
+    device = boundaries.cu_seqlens.device
     plan = Plan(
         slot_token=torch.from_numpy(slot_token).to(device),
         token_slot=torch.from_numpy(token_slot).to(device),
@@ -71,7 +69,6 @@ def group_plan(cu_seqlens: torch.Tensor) -> Plan:
         batches=batches,
         in_place=bool(real.all()) and np.array_equal(slot_token, np.arange(slot_token.size)),
     )
-    _PLANS["last"] = (cu_seqlens, cu_seqlens._version, plan)
     return plan
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX, NP_IDS_DTYPE
+from ..boundaries import lengths_to_cu_seqlens
 from .features import as_1d_ints, as_example, check_same_length, segment_lengths
 from .flatten import flatten_features
 from .flattening import DataCollatorWithFlattening
@@ -182,7 +183,7 @@ class DataCollatorForCompletionOnlyLM:
             check_same_length(labels, len(ids), index=index, field="labels")
         bounds = np.zeros(1, dtype=NP_IDS_DTYPE)
         if ids.size and ("seq_lengths" in feature or "position_ids" in feature):
-            bounds = np.concatenate([bounds, np.cumsum(segment_lengths(feature, len(ids), index=index))])[:-1]
+            bounds = lengths_to_cu_seqlens(segment_lengths(feature, len(ids), index=index))[:-1].astype(NP_IDS_DTYPE)
         decoded = decoded_with_offsets(ids, self.tokenizer) if self._by_text else None
         response_ends = find_template(ids, self.response_template, self.response_variants, bounds, decoded)[1]
         missing = {"response": sequences_without(response_ends - 1, bounds)}

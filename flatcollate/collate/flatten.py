@@ -57,8 +57,7 @@ def flatten_features(
     if flat is None:
         flat = _flatten_general(features, max_seq_len=max_seq_len)
     input_ids, labels, example_lengths, seq_lengths = flat
-    example_offsets = np.zeros(len(example_lengths) + 1, dtype=NP_IDS_DTYPE)
-    np.cumsum(example_lengths, out=example_offsets[1:])
+    example_offsets = lengths_to_cu_seqlens(example_lengths).astype(NP_IDS_DTYPE)  # where each example starts
     check_token_range(input_ids, example_offsets, field="input_ids", vocab_size=vocab_size)
     if labels is None:
         labels = input_ids.copy()

@@ -12,6 +12,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 
+from ..boundaries import cu_seqlens_to_position_ids
 from .columns import (
     describe_left_out,
     drop_empty_rows,
@@ -39,24 +40,6 @@ def _gather_rows(column: pa.ChunkedArray, order: np.ndarray, offsets: np.ndarray
     Arrow's list `take` copies the tokens without an index per token (1.9 GB of int64 for 243M tokens otherwise).
     """
     return list_array(offsets, one_array(column).take(pa.array(order)).flatten())
-
-
-def _restarting_positions(cu_seqlens: np.ndarray) -> np.ndarray:
-    """Positions that restart at 0 at every boundary, `(T,)` int64, as `cu_seqlens_to_position_ids(cu_seqlens)`.
-
-    One array and two passes: ones with a drop back to 0 at every sequence start, then an in-place cumsum (the
-    reference builds four arrays of `T`).
-
-    >>> _restarting_positions(np.array([0, 3, 4, 8])).tolist()
-    [0, 1, 2, 0, 0, 1, 2, 3]
-    """
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    positions = np.ones(int(cu[-1]), dtype=np.int64)
-    if positions.size:
-        positions[0] = 0
-        positions[cu[1:-1]] = 1 - np.diff(cu)[:-1]  # back to 0 after each sequence (lengths >= 1: no index twice)
-        np.cumsum(positions, out=positions)
-    return positions
 
 
 def pack_table(
@@ -121,7 +104,7 @@ def pack_table(
         token_index = np.repeat(first - piece_out_start[:-1], piece_len) + np.arange(piece_out_start[-1])
         arrays = {name: _gather(table[name], token_index, pack_offsets) for name in names}
     # Positions restart at every piece: piece_out_start are the pieces' boundaries in the packed token order.
-    arrays["position_ids"] = list_array(pack_offsets, _restarting_positions(piece_out_start))
+    arrays["position_ids"] = list_array(pack_offsets, cu_seqlens_to_position_ids(piece_out_start))
     arrays["seq_lengths"] = pa.ListArray.from_arrays(pa.array(piece_offsets, pa.int32()), pa.array(piece_len))
     arrays |= {name: gather_examples(vision[name], source[order], piece_offsets) for name in images}
     packed = pa.table(arrays)

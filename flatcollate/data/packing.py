@@ -41,10 +41,9 @@ class PackingStats:
     """What packing did: counts, fill and padding, over-long sequences, and what happened to each column.
 
     `fill` is real tokens over `num_packs * pack_len`; `padding_saved` compares with one sequence per row of `pack_len`.
-    `carried_columns` were packed token by token, `folded_masks` were folded into `labels`, `dropped_columns` were
-    left out (not per token, or an all-ones `attention_mask`), `vision_columns` were kept whole, one entry per packed
-    example (`flatcollate.data.vision_packing`). `num_sequences` counts the sequences packed; `num_empty` the rows
-    without tokens that were dropped.
+    `carried_columns` were packed token by token, `folded_masks` folded into `labels`, `dropped_columns` left out (not
+    per token, or an all-ones `attention_mask`), `vision_columns` kept whole, one entry per packed example
+    (`data.vision_packing`). `num_sequences` counts the sequences packed; `num_empty` the empty rows dropped.
     """
 
     num_sequences: int

@@ -3,10 +3,10 @@
 Imports from flatcollate: `_conventions`, `boundaries`, `families`, `attention`.
 """
 
-from .families import unsupported_reason
 from .guard import is_flattened
 from .prepare import prepare_model_for_flattening
 from .prepared_state import is_prepared
+from .support import unsupported_reason
 
 __all__ = [
     "is_flattened",

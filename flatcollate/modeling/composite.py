@@ -12,11 +12,11 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
 from ..attention.bidirectional_blocks import BLOCKS_KEY
+from .prepared_state import STATE_ATTRIBUTE
 
 TEXT_ROW_KEYS = (*FLASH_KWARG_KEYS, "seq_idx", BLOCKS_KEY)
 """Arguments that describe the flattened text row; a vision tower never receives them."""
 
-_HOOKED = "_flatcollate_vision_hook"
 
 
 def text_config_key(config: PretrainedConfig) -> str | None:
@@ -67,7 +67,6 @@ def isolate_vision_towers(model: PreTrainedModel) -> int:
     """Keep the text row's boundaries out of every vision tower (idempotent); returns how many towers it found."""
     towers = vision_towers(model)
     for tower in towers:
-        if not vars(tower).get(_HOOKED):
-            tower.register_forward_pre_hook(_drop_text_row_keys, with_kwargs=True)
-            vars(tower)[_HOOKED] = True
+        if vars(tower).get(STATE_ATTRIBUTE) is None:
+            vars(tower)[STATE_ATTRIBUTE] = tower.register_forward_pre_hook(_drop_text_row_keys, with_kwargs=True)
     return len(towers)

@@ -18,15 +18,11 @@ import torch
 from transformers import PreTrainedModel
 
 from .._conventions import FLASH_KWARG_KEYS
-from ..attention.bidirectional_blocks import BLOCK_TOKEN_TYPE, BLOCKS_KEY, block_ids
-from ..attention.packed_segments import position_starts
+from ..attention import ATTN_IMPLEMENTATION
+from ..boundaries import position_starts
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
-from .families import row_length_limit
-from .family_positions import position_start, text_changes
-from .heads import warn_masked_first_labels
-from .multimodal_positions import checked_multimodal_positions, rope_index_of
-from .prepared_state import GUARD_ATTRIBUTE, check_in_force
-from .token_types import require_token_types
+from .prepared_state import STATE_ATTRIBUTE, FlatBatch, PreparedState, check_in_force, state_of
+from .support import row_length_limit
 
 _BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)
 _ORDINARY_KEYS = ("attention_mask", "past_key_values", "cache_position")
@@ -77,9 +73,8 @@ def _offending(arguments: dict) -> list[str]:
     return found
 
 
-def _check_row_length(model, arguments: dict) -> None:
-    """Raise for a row longer than a buffer the family sizes by its config (`families.ROW_LENGTH_LIMITS`)."""
-    limit = model._flatcollate_row_limit
+def _check_row_length(model, limit: tuple | None, arguments: dict) -> None:
+    """Raise for a row longer than a buffer the family sizes by its config (`Family.row_length_limit`)."""
     if limit is None:
         return
     key, tokens, what = limit
@@ -94,35 +89,20 @@ def _check_row_length(model, arguments: dict) -> None:
             )
 
 
-def _text_row(position_ids: torch.Tensor) -> torch.Tensor:
-    """The text positions `(B, T)` of multimodal-RoPE positions `(4, B, T)` (transformers puts them first)."""
-    if position_ids.shape[0] != 4:
-        raise ValueError(
-            f"`position_ids` of shape {tuple(position_ids.shape)} hold the 3-D rotary positions without the text row, "
-            "so the sequences of a flattened batch cannot be told apart from them. Leave `position_ids` out "
-            "(flatcollate computes them per sequence) or pass shape (4, 1, T), text row first."
-        )
-    return position_ids[0]
+def _flat_batch(model, state: PreparedState, arguments: dict, positions: torch.Tensor | None) -> FlatBatch:
+    """The batch's one `Boundaries` (checked, or a feature's), carried by the tensors the layers will read."""
+    splitter = next((feature.boundaries for feature in state.features if feature.boundaries is not None), None)
+    flat = splitter(model, arguments) if splitter is not None else check_boundaries(arguments, positions)
+    if not flat.sliced:  # a slice's positions are its own; its `cu_seq_lens` (the whole row's) carry
+        flat.boundaries.carry(flat.positions)
+    flat.boundaries.carry(arguments.get("cu_seq_lens_q"), arguments.get("cu_seq_lens_k"))
+    return flat
 
 
-def _multimodal_changes(model, arguments: dict, text_positions: torch.Tensor | None) -> dict:
-    """What a flattened batch of an image-text model runs with besides its text positions: per-sequence 3-D positions
-    (multimodal-RoPE families) and the image blocks that attend both ways (`BLOCK_TOKEN_TYPE` families)."""
-    require_token_types(model, arguments)  # both read the per-token types: images without them are refused
-    changes = {}
-    if model._flatcollate_rope_index is not None and text_positions is not None:
-        changes["position_ids"] = checked_multimodal_positions(model._flatcollate_rope_index, arguments, text_positions)
-    block_type = BLOCK_TOKEN_TYPE.get(getattr(model.config, "model_type", None))
-    token_types = arguments.get("token_type_ids")
-    if block_type is not None and token_types is not None and text_positions is not None:
-        changes[BLOCKS_KEY] = block_ids(token_types, position_starts(text_positions), block_type)
-    return changes
-
-
-def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+def _check_arguments(model, state: PreparedState, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Raise for arguments that would mix sequences; the completed `(args, kwargs)`, or None to keep them."""
     # Arguments given by position (`model(ids, ...)`) are checked as if given by name.
-    arguments = {**model._flatcollate_signature.bind_partial(*args).arguments, **kwargs} if args else kwargs
+    arguments = {**state.signature.bind_partial(*args).arguments, **kwargs} if args else kwargs
     reached = [key for key in DATA_COLUMNS if arguments.get(key) is not None]
     if reached:
         raise ValueError(
@@ -130,52 +110,45 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
             "into `labels` and the batch's boundaries. Collate with `flatcollate.DataCollatorWithFlattening` (or "
             "`DataCollatorForCompletionOnlyLM`) instead of passing them to the model."
         )
-    _check_row_length(model, arguments)
-    unsupported = model._flatcollate_unsupported
-    if unsupported is not None and is_flattened(arguments):
+    _check_row_length(model, state.row_limit, arguments)
+    positions = arguments.get("position_ids")
+    for feature in state.features:
+        if feature.text_positions is not None:  # e.g. the text row of 3-D rotary positions
+            positions = feature.text_positions(model, arguments)
+    has_boundaries = any(arguments.get(key) is not None for key in _BOUNDARY_KEYS)  # no tensor data read
+    flattened = has_boundaries or is_flattened({**arguments, "position_ids": positions})
+    if state.unsupported is not None and flattened:
         raise ValueError(
             f"{type(model).__name__} got a flattened batch, but family {model.config.model_type!r} cannot keep "
-            f"sequences apart: {unsupported}. Use padded batches for this model."
+            f"sequences apart: {state.unsupported}. Use padded batches for this model."
         )
     found = _offending(arguments)
-    if found and is_flattened(arguments):
+    if found and flattened:
         raise ValueError(
             f"{type(model).__name__} got a flattened batch (sequences back to back in one row) but "
             + "; ".join(found)
             + ". Sequences would attend to each other. Call the model with `use_cache=False`, no `attention_mask` and "
             "no `past_key_values` (the flattening collators emit none of them), e.g. `model(**batch, use_cache=False)`."
         )
-    changes = {}
-    # A sequence-parallel rank holds a slice of the row: `(rank, size)`, set by `prepare_model_for_sequence_parallel`.
-    shard = getattr(model, "_flatcollate_sequence_shard", None)
-    has_boundaries = any(arguments.get(key) is not None for key in _BOUNDARY_KEYS)
-    given = arguments.get("position_ids")
-    if model._flatcollate_rope_index is not None and isinstance(given, torch.Tensor) and given.dim() == 3:
-        # Multimodal-RoPE positions: the text row (first of four) says where sequences start. Three rows and no
-        # boundaries is an ordinary call, left as it is.
-        text_positions = _text_row(given) if has_boundaries or given.shape[0] == 4 else None
-        position_ids = (
-            None if text_positions is None else check_boundaries({**arguments, "position_ids": text_positions})
-        )
-    else:
-        position_ids, text_positions = check_boundaries(arguments, shard=shard), given
-    if position_ids is not None:
-        changes["position_ids"] = text_positions = position_ids
-    flattened = has_boundaries or (
-        text_positions is not None and is_flattened({**arguments, "position_ids": text_positions})
-    )
-    if flattened and shard is None and text_positions is not None and text_positions.dim() == 2:
-        starts = position_starts(text_positions)
-        changes.update(text_changes(model, arguments, text_positions, starts, derived=position_ids is not None))
-        warn_masked_first_labels(model, arguments.get("labels"), starts)
+    changes, flat = {}, None
     if flattened:
         check_in_force(model)
-        changes.update(_multimodal_changes(model, arguments, text_positions))
+        flat = _flat_batch(model, state, arguments, positions)
+        if flat.derived:
+            changes["position_ids"] = flat.positions
+        packed = model.config.get_text_config()._attn_implementation == ATTN_IMPLEMENTATION
+        given = arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None
+        if packed and not given and not flat.sliced and state.takes_kwargs:
+            # Layers that never see positions (RoBERTa's) get the boundaries; every layer reads the same object.
+            changes.update(flat.boundaries.kwargs())
+    for feature in state.features:
+        if feature.changes is not None:
+            changes.update(feature.changes(model, arguments, flat))
     cache_by_default = arguments.get("use_cache") is None and getattr(model.config, "use_cache", False)
     if cache_by_default and not found and flattened:
         # The config's default would build a cache, which turns off packed-sequence detection: a training batch needs
         # none, so a flattened batch runs without one (the config itself stays as saved).
-        if not model._flatcollate_takes_use_cache:
+        if not state.takes_use_cache:
             raise ValueError(
                 f"{type(model).__name__} got a flattened batch while `config.use_cache` is on, and its forward takes "
                 "no `use_cache`; set `model.config.use_cache = False` for training."
@@ -184,9 +157,9 @@ def _check_arguments(model, args: tuple, kwargs: dict) -> tuple[tuple, dict] | N
     if not changes and not kwargs.keys() & set(DATA_COLUMNS):
         return None
     kwargs = {key: value for key, value in kwargs.items() if key not in DATA_COLUMNS}
-    given_positionally = model._flatcollate_signature.bind_partial(*args).arguments.keys() & changes.keys()
+    given_positionally = state.signature.bind_partial(*args).arguments.keys() & changes.keys()
     if given_positionally:  # passed as None by position: rebind so that nothing is given twice
-        bound = model._flatcollate_signature.bind_partial(*args, **kwargs)
+        bound = state.signature.bind_partial(*args, **kwargs)
         bound.arguments.update(changes)
         return bound.args, bound.kwargs
     return args, {**kwargs, **changes}
@@ -204,34 +177,33 @@ class GuardHandle:
         vars(self._model).pop("forward", None)
         if self._previous is not None:
             self._model.forward = self._previous
-        vars(self._model).pop(GUARD_ATTRIBUTE, None)
+        state_of(self._model).guard = None
 
 
 @torch.compiler.disable  # under `torch.compile`: checked eagerly, once per forward, never traced into the graph
 def _run_before_forward(model, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    changed = _check_arguments(model, args, kwargs)
-    if changed is not None:
-        args, kwargs = changed
-    for before in model._flatcollate_before_forward:  # e.g. state-carrying layers read the row's boundaries
-        before(model, args, kwargs)
-    return args, kwargs
+    changed = _check_arguments(model, vars(model)[STATE_ATTRIBUTE], args, kwargs)
+    return (args, kwargs) if changed is None else changed
 
 
 def _guard_pre_hook(model, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The guard on `model(...)`: runs even when another library replaces `model.forward` later."""
     args, kwargs = _run_before_forward(model, args, kwargs)
-    vars(model)["_flatcollate_checked"] = True  # `_guarded_forward` need not check this call again
+    vars(model)[STATE_ATTRIBUTE].checked = True  # `_guarded_forward` need not check this call again
     return args, kwargs
 
 
 def _clear_checked(model, args: tuple, output):
-    vars(model).pop("_flatcollate_checked", None)  # the call is over, whichever forward ran
+    vars(model)[STATE_ATTRIBUTE].checked = False  # the call is over, whichever forward ran
 
 
 def _guarded_forward(model: torch.nn.Module, inner: Callable | None, *args, **kwargs):
     """`model`'s forward behind the guard, for wrappers that call `model.forward(...)` directly (PEFT's LoRA model
     does), which skips forward pre-hooks; a call that came through `model(...)` was checked by the pre-hook."""
-    if not vars(model).pop("_flatcollate_checked", False):
+    state = vars(model)[STATE_ATTRIBUTE]
+    if state.checked:
+        state.checked = False
+    else:
         args, kwargs = _run_before_forward(model, args, kwargs)
     if inner is None:
         return type(model).forward(model, *args, **kwargs)
@@ -258,19 +230,16 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
     Returns:
         `GuardHandle`: `handle.remove()` uninstalls the guard.
     """
-    model._flatcollate_unsupported = unsupported
-    model._flatcollate_row_limit = row_length_limit(model) if isinstance(model, PreTrainedModel) else None
-    model._flatcollate_rope_index = rope_index_of(model)
-    model._flatcollate_position_start = position_start(model)
-    existing = vars(model).get(GUARD_ATTRIBUTE)
-    if existing is not None:
-        return existing
+    state = state_of(model, create=True)
+    state.unsupported = unsupported
+    state.row_limit = row_length_limit(model) if isinstance(model, PreTrainedModel) else None
+    if state.guard is not None:
+        return state.guard
     signature = inspect.signature(model.forward)
     parameters = signature.parameters
-    model._flatcollate_signature = signature
-    model._flatcollate_takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    model._flatcollate_takes_use_cache = "use_cache" in parameters or model._flatcollate_takes_kwargs
-    model._flatcollate_before_forward = []
+    state.signature = signature
+    state.takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    state.takes_use_cache = "use_cache" in parameters or state.takes_kwargs
     previous = vars(model).get("forward")
     inner = previous  # a forward another library set on the instance (TRL's fused loss) keeps being called
     if inspect.ismethod(previous) and previous.__self__ is model and previous.__func__ is type(model).forward:
@@ -286,6 +255,5 @@ def install_guard(model: torch.nn.Module, *, unsupported: str | None = None) -> 
         model.register_forward_pre_hook(_guard_pre_hook, with_kwargs=True),
         model.register_forward_hook(_clear_checked),
     ]
-    handle = GuardHandle(model, previous, hooks)
-    setattr(model, GUARD_ATTRIBUTE, handle)
-    return handle
+    state.guard = GuardHandle(model, previous, hooks)
+    return state.guard

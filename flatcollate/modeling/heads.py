@@ -16,6 +16,7 @@ import warnings
 import torch
 
 from .._conventions import IGNORE_INDEX
+from .prepared_state import Feature, FlatBatch, add_feature, state_of
 
 ROW_HEADS = ("ForSequenceClassification", "ForQuestionAnswering", "ForMultipleChoice")
 """Class-name endings of heads that read one position per row."""
@@ -52,23 +53,34 @@ def labels_in_place(model: torch.nn.Module) -> bool:
     return type(model).__name__.endswith(IN_PLACE_HEADS)
 
 
-def warn_masked_first_labels(model: torch.nn.Module, labels: torch.Tensor | None, starts: torch.Tensor) -> None:
+def warn_masked_first_labels(model: torch.nn.Module, arguments: dict, flat: FlatBatch | None) -> dict:
     """Warn (once per model) when a head that labels tokens in place gets a flattened batch whose every sequence
     starts with -100: the causal rule of the collator's default `separator_id` drops one real label per sequence.
 
     Args:
         model: the prepared top-level model.
-        labels (`torch.Tensor` of shape `(B, T)`, *optional*): the batch's labels.
-        starts (`torch.Tensor` of shape `(B * T,)`, bool): where sequences start.
+        arguments (`dict`): the forward's arguments (reads `labels` `(B, T)`).
+        flat (`FlatBatch`, *optional*): the batch's boundaries; None for an ordinary batch.
+
+    Returns:
+        `{}`: it changes nothing.
     """
-    if labels is None or not labels_in_place(model) or vars(model).get("_flatcollate_warned_labels"):
-        return
-    first = labels.reshape(-1)[starts.to(labels.device)]
+    labels, state = arguments.get("labels"), state_of(model)
+    if flat is None or flat.sliced or labels is None or state.warned_labels:
+        return {}
+    first = labels.reshape(-1)[flat.boundaries.starts.to(labels.device)]
     if first.numel() > 1 and bool((first == IGNORE_INDEX).all()):
-        vars(model)["_flatcollate_warned_labels"] = True
+        state.warned_labels = True
         warnings.warn(
             f"{type(model).__name__} labels each token in place, and the first label of every sequence of this "
             "flattened batch is -100, as the collator's default sets it for causal LMs (which shift labels). If they "
             "were real labels, they are lost: collate with `DataCollatorWithFlattening(separator_id=None)`.",
             stacklevel=4,
         )
+    return {}
+
+
+def add_label_warning(model: torch.nn.Module) -> None:
+    """Register `warn_masked_first_labels` with the guard of a model whose head labels tokens in place."""
+    if labels_in_place(model):
+        add_feature(model, Feature("masked first labels", changes=warn_masked_first_labels))

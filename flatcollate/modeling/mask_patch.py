@@ -22,6 +22,8 @@ import sys
 import torch
 from transformers import PreTrainedModel
 
+from .prepared_state import STATE_ATTRIBUTE, state_of
+
 MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask")
 
 # id(config) -> position_ids of the forward in flight for a prepared model with that config.
@@ -38,7 +40,7 @@ def _wrap(original):
             kwargs = {**kwargs, "position_ids": position_ids, "attention_mask": None}
         return original(*args, **kwargs)
 
-    with_positions._flatcollate_original = original
+    setattr(with_positions, STATE_ATTRIBUTE, original)  # the builder it wraps
     return with_positions
 
 
@@ -54,11 +56,12 @@ def patch_mask_builders(model: PreTrainedModel) -> list[str]:
         builder = getattr(module, name, None)
         if builder is None:
             continue
-        if not hasattr(builder, "_flatcollate_original"):
+        if not hasattr(builder, STATE_ATTRIBUTE):
             setattr(module, name, _wrap(builder))
         patched.append(name)
-    if patched and not getattr(model, "_flatcollate_mask_hooks", None):
-        model._flatcollate_mask_hooks = (
+    state = state_of(model, create=True)
+    if patched and not state.mask_hooks:
+        state.mask_hooks = (
             model.register_forward_pre_hook(_remember_positions, with_kwargs=True),
             model.register_forward_hook(_forget_positions, always_call=True),
         )

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from .._conventions import IDS_DTYPE
-from ..attention.packed_segments import position_starts
+from ..boundaries import Boundaries
 
 ROPE_INDEX_INPUTS = ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 """Forward arguments `get_rope_index` reads besides `input_ids` (those its signature names are passed)."""
@@ -39,14 +39,14 @@ def rope_index_of(model: torch.nn.Module) -> Callable | None:
 
 
 def multimodal_position_ids(
-    rope_index: Callable, input_ids: torch.Tensor, cu_seqlens: list[int], **inputs: torch.Tensor | None
+    rope_index: Callable, input_ids: torch.Tensor, boundaries: Boundaries, **inputs: torch.Tensor | None
 ) -> torch.Tensor:
     """Positions of a flattened multimodal row: the text row, then the model's 3-D positions of each sequence.
 
     Args:
         rope_index (`Callable`): the model's `get_rope_index` (see `rope_index_of`).
         input_ids (`torch.Tensor` of shape `(1, T)`, int64): the flattened row.
-        cu_seqlens (`list[int]`): sequence boundaries `[0, ..., T]`.
+        boundaries (`Boundaries`): where the row's sequences start.
         inputs: `mm_token_type_ids` `(1, T)`, `image_grid_thw` `(num_images, 3)`, `video_grid_thw`
             `(num_videos, 3)`, `second_per_grid_ts` `(num_videos,)`, as given to the model (None where absent).
 
@@ -59,12 +59,9 @@ def multimodal_position_ids(
             "with `flatcollate.vision.VisionDataCollatorWithFlattening`."
         )
     device = input_ids.device
-    bounds = torch.tensor(cu_seqlens, device=device)
-    lengths = bounds[1:] - bounds[:-1]
-    sequences, longest, total = len(cu_seqlens) - 1, int(lengths.max()), cu_seqlens[-1]
+    sequences, longest = len(boundaries.host) - 1, boundaries.max_length
     # One batch row per sequence, left-aligned: token j of sequence s sits at (s, j).
-    row_of = torch.repeat_interleave(torch.arange(sequences, device=device), lengths)
-    column = torch.arange(total, device=device) - bounds[:-1][row_of]
+    row_of, column = boundaries.seq_idx.to(device).long(), boundaries.position_ids().to(device)
     mask = torch.zeros(sequences, longest, dtype=torch.bool, device=device)
     mask[row_of, column] = True
 
@@ -85,7 +82,9 @@ def multimodal_position_ids(
     return torch.cat([text[None], spatial], dim=0)[:, None, :]
 
 
-def checked_multimodal_positions(rope_index: Callable, arguments: dict, text_positions: torch.Tensor) -> torch.Tensor:
+def checked_multimodal_positions(
+    rope_index: Callable, arguments: dict, text_positions: torch.Tensor, boundaries: Boundaries
+) -> torch.Tensor:
     """The `(4, 1, T)` positions a flattened batch of a multimodal-RoPE model runs with (the guard calls this).
 
     Args:
@@ -94,6 +93,7 @@ def checked_multimodal_positions(rope_index: Callable, arguments: dict, text_pos
             `position_ids` when the batch brings its own (`(4, 1, T)`: text row first).
         text_positions (`torch.Tensor` of shape `(1, T)`, int64): restarting positions already checked against the
             batch's boundaries.
+        boundaries (`Boundaries`): the batch's boundaries.
 
     Raises:
         `ValueError` when the batch brings 3-D positions that differ from the per-sequence ones, or images without
@@ -107,9 +107,8 @@ def checked_multimodal_positions(rope_index: Callable, arguments: dict, text_pos
                 "`input_ids` rather than `inputs_embeds`."
             )
         return text_positions[None].expand(4, -1, -1)
-    starts = torch.nonzero(position_starts(text_positions)).reshape(-1).tolist()
     inputs = {name: arguments.get(name) for name in ROPE_INDEX_INPUTS}
-    positions = multimodal_position_ids(rope_index, input_ids, [*starts, input_ids.shape[1]], **inputs)
+    positions = multimodal_position_ids(rope_index, input_ids, boundaries, **inputs)
     given = arguments.get("position_ids")
     if isinstance(given, torch.Tensor) and given.dim() == 3:
         differ = torch.nonzero((given[1:].to(positions.device) != positions[1:]).any(0).reshape(-1))

@@ -6,13 +6,16 @@ from transformers import PreTrainedModel
 
 from ..attention.dispatch import ATTN_IMPLEMENTATION, register_packed_attention
 from .composite import isolate_vision_towers, per_sub_config
-from .families import takes_packed_backend, unsupported_reason
+from .family_positions import add_family_positions
 from .guard import install_guard
+from .heads import add_label_warning
+from .image_text import add_image_text
 from .mask_patch import patch_mask_builders
 from .own_config import own_config, own_layer_configs
 from .prepared_state import mark_in_force
 from .prompt_learning import watch_prompt_learning
 from .stateful_layers import segment_mixers
+from .support import takes_packed_backend, unsupported_reason
 
 
 def prepare_model_for_flattening(
@@ -95,7 +98,10 @@ def prepare_model_for_flattening(
         own_layer_configs(model, backend)  # attention layers read their own config: all of them on `backend`
     patched = patch_mask_builders(model) if backend != ATTN_IMPLEMENTATION else []
     isolate_vision_towers(model)
-    install_guard(model, unsupported=reason)  # first: state-carrying layers read the positions it completes
+    install_guard(model, unsupported=reason)  # then the features that add their checks and changes to it
+    add_family_positions(model)
+    add_label_warning(model)
+    add_image_text(model)
     watch_prompt_learning(wrapper)  # PEFT prompt learning, wrapped before or after, refuses flattened batches
     mark_in_force(model, tuple(patched))  # the guard checks both at every flattened forward
     if reason is None:

@@ -1,24 +1,129 @@
-"""What `prepare_model_for_flattening` leaves on a model, and the check that it still holds: the guard's handle
-(`GUARD_ATTRIBUTE`, read by `is_prepared`) and the backend and mask builders in force (`mark_in_force`,
-`check_in_force`, run by the guard at every flattened forward)."""
+"""What `prepare_model_for_flattening` leaves on a model, in one object, and the extension point features use.
 
+A prepared model holds one `PreparedState` under `STATE_ATTRIBUTE`: the guard's handle and the facts it reads at
+every forward (the forward's signature, the family's row-length limit, the backend and mask builders in force), and
+the `Feature`s that add their checks and per-forward changes to a flattened batch. The guard knows only the core
+(boundaries, positions, masks, caches); image-text positions and blocks, sequence parallelism, state-carrying layers
+and family numberings register here, as transformers' `AttentionInterface` takes backends::
+
+    guard:  arguments -> text positions (a feature may read them, e.g. the text row of 3-D positions)
+                      -> Boundaries, built once (or by a feature: a sequence-parallel slice)
+                      -> each feature's changes (3-D positions, image blocks, renumbered positions, mixers' rows)
+
+The same attribute marks what flatcollate attached to any other object: a wrapped layer's part, a hooked vision
+tower, a patched function's original, a tensor's carried `Boundaries`.
+"""
+
+import inspect
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-GUARD_ATTRIBUTE = "_flatcollate_guard"
+from ..boundaries import Boundaries
+
+STATE_ATTRIBUTE = "_flatcollate"
+"""The one attribute flatcollate sets on objects it prepares (models, layers, functions, tensors)."""
+
+
+@dataclass(frozen=True)
+class FlatBatch:
+    """A flattened batch as the guard hands it to features.
+
+    Args:
+        boundaries (`Boundaries`): where the batch's sequences start, built once for this forward.
+        positions (`torch.Tensor` of shape `(B, T)`, int64): its text positions, checked against the boundaries (or
+            derived from them).
+        derived (`bool`): the positions were derived from the boundaries (numbered from 0), not given.
+        sliced (`bool`): the batch is one rank's slice of a sequence-parallel row (the boundaries are the row's).
+    """
+
+    boundaries: Boundaries
+    positions: torch.Tensor | None
+    derived: bool = False
+    sliced: bool = False
+
+
+@dataclass(frozen=True)
+class Feature:
+    """What a part of flatcollate adds to the guard of a prepared model (`add_feature`).
+
+    Args:
+        name (`str`): what it is, for messages and to register it once.
+        changes (`Callable`, *optional*): `(model, arguments, flat: FlatBatch | None) -> dict` of arguments to
+            change; runs at every guarded forward, `flat` None for an ordinary batch. Raise to refuse a batch.
+        text_positions (`Callable`, *optional*): `(model, arguments) -> (B, T) positions or None`, where a family's
+            positions are not `position_ids` as given (the text row of 3-D rotary positions).
+        boundaries (`Callable`, *optional*): `(model, arguments) -> FlatBatch`, in place of the core's check, where a
+            batch's boundaries describe more than its tokens (a sequence-parallel slice).
+    """
+
+    name: str
+    changes: Callable[[torch.nn.Module, dict, FlatBatch | None], dict] | None = None
+    text_positions: Callable[[torch.nn.Module, dict], torch.Tensor | None] | None = None
+    boundaries: Callable[[torch.nn.Module, dict], FlatBatch] | None = None
+
+
+@dataclass(eq=False)
+class PreparedState:
+    """Everything `prepare_model_for_flattening` keeps on a model (`state_of(model)`).
+
+    Args:
+        guard: the `GuardHandle` (`handle.remove()` uninstalls the guard); None until it is installed.
+        signature (`inspect.Signature`): the model's forward signature, to read arguments given by position.
+        takes_kwargs, takes_use_cache (`bool`): whether its forward takes `**kwargs` / `use_cache`.
+        unsupported (`str`, *optional*): why the family cannot be exact; every flattened batch is then refused.
+        row_limit (`tuple`, *optional*): `(config key, tokens, what)` of a row-length buffer the family sizes.
+        in_force (`tuple`, *optional*): `(backend, patched mask builders)`, checked at every flattened forward.
+        features (`list[Feature]`): what the parts of flatcollate add to the guard.
+        checked (`bool`): the current call was checked by the guard's pre-hook.
+        warned_labels (`bool`): the warning on masked first labels was given.
+        mask_hooks (`tuple`, *optional*): the hooks that hand positions to patched mask builders.
+    """
+
+    guard: Any = None
+    signature: inspect.Signature | None = None
+    takes_kwargs: bool = False
+    takes_use_cache: bool = False
+    unsupported: str | None = None
+    row_limit: tuple | None = None
+    in_force: tuple | None = None
+    features: list[Feature] = field(default_factory=list)
+    checked: bool = False
+    warned_labels: bool = False
+    mask_hooks: tuple | None = None
+
+
+def state_of(model: torch.nn.Module, *, create: bool = False) -> PreparedState | None:
+    """The `PreparedState` of `model` (made when `create`), or None when it has none."""
+    state = vars(model).get(STATE_ATTRIBUTE)
+    if not isinstance(state, PreparedState):
+        if not create:
+            return None
+        state = PreparedState()
+        vars(model)[STATE_ATTRIBUTE] = state
+    return state
+
+
+def add_feature(model: torch.nn.Module, feature: Feature) -> None:
+    """Register `feature` with the guard of `model` (once per name; a second registration replaces the first)."""
+    features = state_of(model, create=True).features
+    features[:] = [known for known in features if known.name != feature.name] + [feature]
 
 
 def mark_in_force(model: torch.nn.Module, patched: tuple[str, ...] = ()) -> None:
     """Record the attention backend now selected and the mask builders patched, for `check_in_force`; called at the
     end of preparing (and after a deliberate switch, such as the sequence-parallel backend)."""
-    model._flatcollate_in_force = (model.config.get_text_config()._attn_implementation, tuple(patched))
+    state_of(model, create=True).in_force = (model.config.get_text_config()._attn_implementation, tuple(patched))
 
 
 def check_in_force(model: torch.nn.Module) -> None:
     """Raise unless what `prepare_model_for_flattening` set up still holds: the attention backend it selected (a later
     `set_attn_implementation` would un-prepare the model silently) and the mask builders it patched."""
-    in_force = vars(model).get("_flatcollate_in_force")
+    state = state_of(model)
+    in_force = None if state is None else state.in_force
     if in_force is None:
         return
     backend, patched = in_force
@@ -40,7 +145,7 @@ def check_in_force(model: torch.nn.Module) -> None:
             f"each such module a copy of its config on {backend!r}."
         )
     module = sys.modules[type(model).__module__]
-    lost = [name for name in patched if not hasattr(getattr(module, name, None), "_flatcollate_original")]
+    lost = [name for name in patched if not hasattr(getattr(module, name, None), STATE_ATTRIBUTE)]
     if lost:
         raise ValueError(
             f"{module.__name__}.{', '.join(lost)} is no longer the mask builder `prepare_model_for_flattening` patched "
@@ -73,7 +178,8 @@ def is_prepared(model: torch.nn.Module) -> bool:
     False
     """
     for _ in range(8):  # wrappers nest a few levels at most (compile of DDP of PEFT)
-        if vars(model).get(GUARD_ATTRIBUTE) is not None:
+        state = state_of(model)
+        if state is not None and state.guard is not None:
             return True
         if callable(getattr(model, "get_base_model", None)):
             inner = model.get_base_model()

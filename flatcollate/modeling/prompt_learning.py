@@ -20,7 +20,7 @@ import torch
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .guard import is_flattened
-from .prepared_state import GUARD_ATTRIBUTE
+from .prepared_state import STATE_ATTRIBUTE, state_of
 
 METHOD_NAMES = {
     "PROMPT_TUNING": "prompt tuning",
@@ -32,7 +32,6 @@ METHOD_NAMES = {
 }
 """PEFT's prompt-learning `peft_type`s and the names the refusal gives them."""
 
-_HOOKED = "_flatcollate_prompt_learning_hook"
 _WATCHING: list = []  # the handle of the one registration hook, once a model has been prepared
 
 
@@ -63,9 +62,9 @@ def refuse_flattened_prompt_learning(wrapper: torch.nn.Module, args: tuple, kwar
 
 def guard_prompt_learning(wrapper: torch.nn.Module) -> None:
     """Put `refuse_flattened_prompt_learning` in front of `wrapper`'s forward (once)."""
-    if not vars(wrapper).get(_HOOKED):
-        wrapper.register_forward_pre_hook(refuse_flattened_prompt_learning, with_kwargs=True)
-        vars(wrapper)[_HOOKED] = True
+    if vars(wrapper).get(STATE_ATTRIBUTE) is None:
+        hook = wrapper.register_forward_pre_hook(refuse_flattened_prompt_learning, with_kwargs=True)
+        vars(wrapper)[STATE_ATTRIBUTE] = hook
 
 
 def _is_peft_model(module: torch.nn.Module) -> bool:
@@ -75,7 +74,8 @@ def _is_peft_model(module: torch.nn.Module) -> bool:
 
 def _on_registration(module: torch.nn.Module, name: str, submodule: torch.nn.Module | None) -> None:
     """Module registration hook: a PEFT model that takes a prepared model as its submodule gets the refusal."""
-    if submodule is not None and vars(submodule).get(GUARD_ATTRIBUTE) is not None and _is_peft_model(module):
+    state = None if submodule is None else state_of(submodule)
+    if state is not None and state.guard is not None and _is_peft_model(module):
         guard_prompt_learning(module)
 
 

@@ -16,57 +16,16 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .._conventions import FLASH_KWARG_KEYS
-from ..boundaries import position_ids_to_cu_seqlens
-
-SEGMENTED_MIXERS: dict[str, tuple[str, ...]] = {
-    "mamba": ("MambaMixer",),
-    "mamba2": ("Mamba2Mixer",),
-    "falcon_mamba": ("FalconMambaMixer",),
-    "jamba": ("JambaMambaMixer",),
-    "zamba": ("ZambaMambaMixer",),
-    "nemotron_h": ("NemotronHMamba2Mixer",),
-    "falcon_h1": ("FalconH1Mixer",),
-    "kimi_linear": ("KimiLinearDeltaAttention",),
-    "minimax": ("MiniMaxLightningAttention",),
-    "lfm3": ("Lfm3ShortConv",),
-    "qwen3_next": ("Qwen3NextGatedDeltaNet",),
-    "qwen3_5_text": ("Qwen3_5GatedDeltaNet",),
-    "qwen3_5_moe_text": ("Qwen3_5MoeGatedDeltaNet",),
-    "qwen4_exp_text": ("Qwen4ExpTextGatedDeltaNet",),
-    "olmo_hybrid": ("OlmoHybridGatedDeltaNet",),
-    "bailing_hybrid": ("BailingHybridDeltaAttention",),
-}
-"""`model_type` -> class names of its layers that carry state along the row (run once per sequence)."""
+from ..families import family_of
+from .prepared_state import STATE_ATTRIBUTE, Feature, FlatBatch, add_feature, state_of
 
 _ROW_ONLY_KEYS = frozenset({*FLASH_KWARG_KEYS, "seq_idx"})
 """Keyword arguments that describe the whole row; a layer running on one sequence gets none of them."""
-
-
-def row_bounds(arguments: dict) -> list[int] | None:
-    """Sequence boundaries of a flattened single-row batch (`[0, ..., T]`), or None when it is not one.
-
-    Read from `cu_seq_lens_q` when the collator supplied it, else from restarting `position_ids` (one host sync).
-
-    >>> row_bounds({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])})
-    [0, 3, 5]
-    >>> row_bounds({"position_ids": torch.tensor([[0, 1, 2]])}) is None
-    True
-    """
-    cu_seqlens = arguments.get("cu_seq_lens_q")
-    if cu_seqlens is not None:
-        bounds = cu_seqlens.tolist()
-    else:
-        position_ids = arguments.get("position_ids")
-        if position_ids is None or position_ids.dim() != 2 or position_ids.shape[0] != 1:
-            return None
-        bounds = position_ids_to_cu_seqlens(np.asarray(position_ids[0].tolist())).tolist()
-    return bounds if len(bounds) > 2 else None
 
 
 def _slice(value: Any, start: int, end: int, length: int) -> Any:
@@ -107,20 +66,35 @@ def _concat(outputs: list[Any], lengths: list[int], name: str, *, extra: bool = 
 class RowBounds:
     """Boundaries of the flattened row the model is running now (`[0, ..., T]`), or None for an ordinary batch.
 
-    One object per prepared model, shared by the model's pre-hook (which sets it at every forward) and its wrapped
-    layers (which read it); `copy.deepcopy` of the model copies it once, so a copy never reads the original's row.
+    One object per prepared model: the guard sets it at every forward (`record`, a `Feature`'s changes) from the
+    batch's `Boundaries`, and its wrapped layers read it; `copy.deepcopy` of the model copies it once, so a copy never
+    reads the original's row.
     """
 
-    __slots__ = ("bounds",)
+    __slots__ = ("bounds", "checkpointed")
 
-    def __init__(self):
+    def __init__(self, checkpointed: list[torch.nn.Module]):
         self.bounds: list[int] | None = None
+        self.checkpointed = checkpointed
+
+    def record(self, model: torch.nn.Module, arguments: dict, flat: FlatBatch | None) -> dict:
+        """Keep the boundaries of this forward's row (None unless it holds several sequences)."""
+        bounds = None if flat is None or flat.sliced else flat.boundaries.host
+        self.bounds = bounds if bounds is not None and len(bounds) > 2 else None
+        if model.training:  # checkpointing may be switched on after prepare (Trainer does so in `train()`)
+            for layer in self.checkpointed:
+                checkpoint = getattr(layer, "_gradient_checkpointing_func", None)
+                if layer.gradient_checkpointing and checkpoint is not None and not hasattr(checkpoint, STATE_ATTRIBUTE):
+                    wrapped = functools.partial(_checkpoint_with_bounds, checkpoint, self)
+                    setattr(wrapped, STATE_ATTRIBUTE, self)
+                    layer._gradient_checkpointing_func = wrapped
+        return {}
 
 
 def _segmented_forward(module: torch.nn.Module, inner: Callable | None, hidden_states: torch.Tensor, *args, **kwargs):
     """`module`'s forward, once per sequence of the current row (`inner` is a forward set on the instance before)."""
     forward = functools.partial(type(module).forward, module) if inner is None else inner
-    bounds = module._flatcollate_row.bounds
+    bounds = getattr(module, STATE_ATTRIBUTE).bounds
     if bounds is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, bounds[-1]):
         return forward(hidden_states, *args, **kwargs)
     length = bounds[-1]
@@ -152,27 +126,6 @@ def _checkpoint_with_bounds(checkpoint: Callable, row: RowBounds, function: Call
     return checkpoint(functools.partial(_replay_with_bounds, row, row.bounds, function), *args, **kwargs)
 
 
-def _record_bounds(model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    model._flatcollate_row.bounds = row_bounds(kwargs)
-    if not model.training:
-        return
-    # Checkpointing may be switched on after prepare (Trainer does so in `train()`): wrap its function when seen.
-    for layer in model._flatcollate_checkpointed:
-        checkpoint = getattr(layer, "_gradient_checkpointing_func", None)
-        if layer.gradient_checkpointing and checkpoint is not None and not hasattr(checkpoint, "_flatcollate_row"):
-            wrapped = functools.partial(_checkpoint_with_bounds, checkpoint, model._flatcollate_row)
-            wrapped._flatcollate_row = True
-            layer._gradient_checkpointing_func = wrapped
-
-
-def mixer_names(config) -> tuple[str, ...]:
-    """Class names of the state-carrying layers of a family: by its `model_type`, or by its language model's for a
-    composite model (an image-text model built on `lfm3` or `qwen3_5_text`)."""
-    names = SEGMENTED_MIXERS.get(getattr(config, "model_type", ""), ())
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return names or SEGMENTED_MIXERS.get(getattr(text, "model_type", ""), ())
-
-
 def segment_mixers(model: PreTrainedModel) -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
 
@@ -181,7 +134,7 @@ def segment_mixers(model: PreTrainedModel) -> int:
     recomputation (`_checkpoint_with_bounds`), so two forwards before one backward stay exact.
 
     Args:
-        model (`PreTrainedModel`): a model whose `model_type`, or its language model's, is in `SEGMENTED_MIXERS`.
+        model (`PreTrainedModel`): a model whose family (or its language model's) has `mixers` (`flatcollate.families`).
 
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).
@@ -190,21 +143,17 @@ def segment_mixers(model: PreTrainedModel) -> int:
     >>> segment_mixers(tiny_causal_lm("mamba"))
     2
     """
-    names = mixer_names(model.config)
-    if not names or hasattr(model, "_flatcollate_row"):
+    names = family_of(model.config).mixers
+    state = state_of(model, create=True)
+    if not names or any(feature.name == "state-carrying layers" for feature in state.features):
         return 0
-    row = RowBounds()
-    model._flatcollate_row = row
-    model._flatcollate_checkpointed = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if isinstance(vars(model).get("_flatcollate_before_forward"), list):  # guarded: record after its checks
-        model._flatcollate_before_forward.append(_record_bounds)
-    else:
-        model.register_forward_pre_hook(_record_bounds, with_kwargs=True)
+    row = RowBounds([m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)])
+    add_feature(model, Feature("state-carrying layers", changes=row.record))
     wrapped = 0
     for module in model.modules():
         if type(module).__name__ in names:
             inner = vars(module).get("forward")  # a forward already set on the instance keeps being called
-            module._flatcollate_row = row
+            setattr(module, STATE_ATTRIBUTE, row)
             module.forward = functools.partial(_segmented_forward, module, inner)
             wrapped += 1
     return wrapped

@@ -1,7 +1,7 @@
 """Sequence parallelism (DeepSpeed-Ulysses style) for flattened rows: split a row over a group of ranks, exchange
 heads for tokens inside attention, and normalise the loss over the whole row.
 
-Imports from flatcollate: `_conventions`, `boundaries`, `attention`, `collate`, `modeling`.
+Imports from flatcollate: `_conventions`, `boundaries`, `families`, `attention`, `collate`, `modeling`.
 """
 
 from .loss import count_shifted_items, sequence_parallel_loss

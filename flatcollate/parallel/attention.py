@@ -20,12 +20,13 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from ..attention.dispatch import packed_attention_forward, packed_or_padded_mask
+from ..modeling.prepared_state import STATE_ATTRIBUTE
 from .all_to_all import heads_to_sequence, sequence_to_heads
 
 SP_ATTN_IMPLEMENTATION = "flatcollate_sp"
 """Backend name `prepare_model_for_sequence_parallel` selects."""
 
-CONTEXT_ATTRIBUTE = "_flatcollate_sequence_parallel"
+CONTEXT_ATTRIBUTE = STATE_ATTRIBUTE
 """Attribute of each attention layer holding its `SequenceParallelContext`."""
 
 
@@ -92,7 +93,7 @@ def sequence_parallel_attention_forward(
         `(torch.Tensor of shape (1, T / P, Hq, D), None)`.
     """
     context = getattr(module, CONTEXT_ATTRIBUTE, None)
-    if context is None:
+    if not isinstance(context, SequenceParallelContext):
         raise ValueError(
             f"{type(module).__name__} runs the {SP_ATTN_IMPLEMENTATION!r} backend without a sequence-parallel group; "
             "select it with `flatcollate.parallel.prepare_model_for_sequence_parallel(model, group)`."

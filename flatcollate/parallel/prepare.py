@@ -5,15 +5,20 @@ to the `flatcollate_sp` backend, and each attention layer is given the group it 
 reads batches as slices: `input_ids` and `position_ids` hold this rank's tokens, `cu_seq_lens_q/k` the whole row.
 """
 
+import functools
+
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import PreTrainedModel
 
+from ..boundaries import position_starts
+from ..families import family_of
 from ..modeling import prepare_model_for_flattening, unsupported_reason
+from ..modeling.boundary_check import check_cu_seqlens, refuse_other_starts, token_count
 from ..modeling.composite import text_config_key
-from ..modeling.families import takes_packed_backend
-from ..modeling.prepared_state import mark_in_force
-from ..modeling.stateful_layers import SEGMENTED_MIXERS
+from ..modeling.prepared_state import Feature, FlatBatch, add_feature, mark_in_force
+from ..modeling.support import takes_packed_backend
 from .attention import (
     SequenceParallelContext,
     attach_context,
@@ -21,8 +26,41 @@ from .attention import (
     register_sequence_parallel_attention,
 )
 
-SHARD_ATTRIBUTE = "_flatcollate_sequence_shard"
-"""Attribute of a prepared model: `(rank, size)` in its sequence-parallel group, read by the forward's guard."""
+
+def rank_slice(shard: tuple[int, int], model: torch.nn.Module, arguments: dict) -> FlatBatch:
+    """The boundaries of slice `rank` of a row split into `size` equal slices (`shard`), what the guard of a
+    sequence-parallel model runs with: the whole row's `cu_seq_lens_q/k`, checked against this rank's positions (or
+    this rank's part of the row's positions, derived, when the batch has none).
+
+    The slice's first token is a start in the slice's own positions; inside a sequence of the row it must continue
+    that sequence instead: its position is at least its offset in the sequence (positions count up from a start of
+    0 or more), which positions restarted per slice are not.
+    """
+    rank, size = shard
+    rows, length, device = token_count(arguments)
+    cu_given = arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None
+    if rows != 1 or arguments.get("seq_idx") is not None or not cu_given:
+        raise ValueError(
+            f"A sequence-parallel batch is one row per rank with the whole row's `cu_seq_lens_q/k` and no `seq_idx`; "
+            f"got {rows} rows{' and `seq_idx`' if arguments.get('seq_idx') is not None else ''}"
+            f"{'' if cu_given else ' without `cu_seq_lens_q`'}. Split rows with "
+            "`flatcollate.parallel.split_for_sequence_parallel`."
+        )
+    boundaries = check_cu_seqlens(arguments, length, device, ranks=size)
+    part = slice(rank * length, (rank + 1) * length)
+    offsets, starts = boundaries.position_ids()[part], boundaries.starts[part]
+    position_ids = arguments.get("position_ids")
+    if position_ids is None:
+        return FlatBatch(boundaries, offsets.reshape(1, length), derived=True, sliced=True)
+    if position_ids.numel() != length:
+        raise ValueError(
+            f"`position_ids` of shape {tuple(position_ids.shape)} do not match this rank's {length} tokens; pass the "
+            "positions of `split_for_sequence_parallel` (this rank's slice, shape (1, T / size))."
+        )
+    observed = position_starts(position_ids.to(device))
+    observed[0] = starts[0] | (position_ids.reshape(-1)[0].to(device) < offsets[0])
+    refuse_other_starts(observed, starts, "cu_seq_lens_q")
+    return FlatBatch(boundaries, position_ids, sliced=True)
 
 
 def sequence_parallel_mesh(sp_size: int, *, device_type: str = "cpu") -> DeviceMesh:
@@ -95,7 +133,7 @@ def prepare_model_for_sequence_parallel(
         )
     if why is None and not takes_packed_backend(base):
         why = "its attention layers do not dispatch through transformers' attention interface"
-    if why is None and model_type in SEGMENTED_MIXERS:
+    if why is None and family_of(model_type).mixers:
         why = "its state-carrying layers pass a state along the row, which a slice per rank would cut"
     if why is not None:
         raise ValueError(
@@ -110,5 +148,5 @@ def prepare_model_for_sequence_parallel(
     mark_in_force(base)
     if attach_context(base, SequenceParallelContext(group=group, rank=rank, size=size)) == 0:
         raise ValueError(f"Found no attention layer (a module with `is_causal`) in {type(base).__name__}.")
-    setattr(base, SHARD_ATTRIBUTE, (rank, size))
+    add_feature(base, Feature("sequence parallel", boundaries=functools.partial(rank_slice, (rank, size))))
     return model

@@ -12,33 +12,33 @@ boundary, so the last token of a sequence scores nothing::
 
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 
 from .._conventions import IGNORE_INDEX
-from ..boundaries import next_token_labels, position_ids_to_cu_seqlens
+from ..boundaries import Boundaries, next_token_labels
 from ..modeling.prepared_state import is_prepared
 
 NOT_MODEL_INPUTS = ("labels", "completion_mask", "seq_lengths", "ref_chosen_logps", "ref_rejected_logps")
 """Fields of a flattened batch that describe the targets, not the model's inputs."""
 
 
-def sequence_bounds(batch: Mapping) -> torch.Tensor:
-    """`cu_seq_lens_q` of a flattened batch, or the boundaries its restarting `position_ids` imply: `(N + 1,)` int64.
+def sequence_bounds(batch: Mapping) -> Boundaries:
+    """The `Boundaries` of a flattened batch: its `cu_seq_lens_q`, or those its restarting `position_ids` imply.
 
-    >>> sequence_bounds({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])}).tolist()
+    >>> sequence_bounds({"position_ids": torch.tensor([[0, 1, 2, 0, 1]])}).host
     [0, 3, 5]
     """
-    if batch.get("cu_seq_lens_q") is not None:
-        return batch["cu_seq_lens_q"].long().cpu()
     positions = batch.get("position_ids")
+    if batch.get("cu_seq_lens_q") is not None:
+        length = int(batch["cu_seq_lens_q"][-1])
+        return Boundaries.from_kwargs({"cu_seq_lens_q": batch["cu_seq_lens_q"]}, rows=1, length=length)
     if positions is None or positions.dim() != 2 or positions.shape[0] != 1:
         raise ValueError(
             "a flattened batch needs `cu_seq_lens_q` or `position_ids` of shape (1, T) to tell its sequences apart; "
             "collate it with `flatcollate.DataCollatorWithFlattening` or `flatcollate.preference."
             "DataCollatorForPreference`."
         )
-    return torch.from_numpy(position_ids_to_cu_seqlens(positions[0].cpu().numpy()).astype(np.int64))
+    return Boundaries.from_position_ids(positions)
 
 
 def sequence_logprobs(
@@ -79,25 +79,21 @@ def flattened_logprobs(
         raise ValueError(f"temperature must be positive, got {temperature}.")
     if batch.get("labels") is None:
         raise ValueError("the batch has no `labels`: they say which tokens are scored (-100 elsewhere).")
-    bounds = sequence_bounds(batch)
+    boundaries = sequence_bounds(batch)
     labels = batch["labels"]
-    if labels.shape != batch["input_ids"].shape or labels.shape[0] != 1 or int(bounds[-1]) != labels.shape[1]:
+    if labels.shape != batch["input_ids"].shape or labels.shape[0] != 1 or boundaries.total != labels.shape[1]:
         raise ValueError(
             f"`labels` {tuple(labels.shape)}, `input_ids` {tuple(batch['input_ids'].shape)} and the boundaries (ending "
-            f"at {int(bounds[-1])}) must describe one flattened row of the same length."
+            f"at {boundaries.total}) must describe one flattened row of the same length."
         )
     inputs = {key: value for key, value in batch.items() if key not in NOT_MODEL_INPUTS}
     logits = model(**inputs, use_cache=False).logits.float() / temperature
-    targets = next_token_labels(labels, bounds)
+    targets = next_token_labels(labels, boundaries.cu_seqlens.long())
     scored = targets != IGNORE_INDEX
     token_logps = torch.log_softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
     token_logps = torch.where(scored, token_logps, torch.zeros_like(token_logps))[0]
-    lengths = (bounds[1:] - bounds[:-1]).tolist()
     if per_token:
-        return [sequence[:-1] for sequence in torch.split(token_logps, lengths)]
-    owner = torch.repeat_interleave(
-        torch.arange(len(lengths), device=token_logps.device), torch.tensor(lengths, device=token_logps.device)
-    )
-    return torch.zeros(len(lengths), dtype=token_logps.dtype, device=token_logps.device).index_add(
-        0, owner, token_logps
-    )
+        return [sequence[:-1] for sequence in torch.split(token_logps, boundaries.lengths.tolist())]
+    owner = boundaries.seq_idx.to(token_logps.device).long()
+    sums = torch.zeros(len(boundaries.lengths), dtype=token_logps.dtype, device=token_logps.device)
+    return sums.index_add(0, owner, token_logps)

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .._conventions import FLASH_KWARG_KEYS
+from .._conventions import CU_SEQLENS_DTYPE, FLASH_KWARG_KEYS
+from ..boundaries import Boundaries
 from ..modeling import prepare_model_for_flattening
 from ..modeling.guard import install_guard
 from ..modeling.heads import head_reason
-from ..modeling.prepared_state import GUARD_ATTRIBUTE
+from ..modeling.prepared_state import state_of
 
 HEAD = "score"
 """Attribute of transformers' decoder `*ForSequenceClassification` models that holds the classification head."""
@@ -99,13 +100,13 @@ def pooled_indices(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, pad_token_
     >>> pooled_indices(torch.tensor([5, 6, 0, 7, 0]), torch.tensor([0, 3, 4, 5]), pad_token_id=None).tolist()
     [2, 3, 4]
     """
-    bounds = cu_seqlens.to(device=input_ids.device, dtype=torch.long)
+    boundaries = Boundaries(cu_seqlens.to(device=input_ids.device, dtype=CU_SEQLENS_DTYPE), 0, input_ids.numel())
+    bounds = boundaries.cu_seqlens.long()
     starts, ends = bounds[:-1], bounds[1:] - 1
     if pad_token_id is None:
         return ends
-    total = input_ids.numel()
-    sequence = torch.repeat_interleave(torch.arange(len(ends), device=bounds.device), bounds.diff(), output_size=total)
-    kept = torch.where(input_ids != pad_token_id, torch.arange(total, device=bounds.device), -1)
+    sequence = boundaries.seq_idx.long()
+    kept = torch.where(input_ids != pad_token_id, torch.arange(boundaries.total, device=bounds.device), -1)
     last = torch.full_like(ends, -1).scatter_reduce(0, sequence, kept, reduce="amax")
     return torch.where(last >= 0, last, starts)
 
@@ -139,7 +140,7 @@ def sequence_scores(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.T
     torch.Size([2, 1])
     """
     classifier, backbone = classifier_parts(model)
-    if vars(backbone).get(GUARD_ATTRIBUTE) is None:
+    if getattr(state_of(backbone), "guard", None) is None:
         raise ValueError(
             f"The backbone of {type(classifier).__name__} is not prepared for flattened rows, so its sequences could "
             "attend to each other; call `flatcollate.preference.prepare_reward_model(model)` first."

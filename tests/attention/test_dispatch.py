@@ -1,13 +1,14 @@
 """Kernel dispatch with capabilities patched on and off, and boundary reuse across layers of a real model."""
 
+import collections
 import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from flatcollate.attention import capabilities, packed_attention_forward, packed_segments, select_kernel
-from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seqlens
+from flatcollate.attention import capabilities, packed_attention_forward, select_kernel
+from flatcollate.boundaries import Boundaries, cu_seqlens_to_position_ids, lengths_to_cu_seqlens
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.testing import tiny_causal_lm
 
@@ -200,16 +201,24 @@ def test_a_call_without_boundaries_is_one_sequence_per_row_and_seq_idx_is_read()
         packed_attention_forward(torch.nn.Module(), q, torch.cat([k, k], 2), torch.cat([v, v], 2), None, **kwargs)
 
 
-class CountingDict(dict):
-    """A cache dict that counts how often an entry is (re)computed."""
+class CountingBoundaries:
+    """Counts what a forward derives: `Boundaries` built from positions or `seq_idx` (all go through `from_starts`)
+    and views computed (a host copy is the view `host`)."""
 
-    def __init__(self):
-        super().__init__()
-        self.writes = 0
+    def __init__(self, monkeypatch):
+        self.derived, self.views = 0, collections.Counter()
+        from_starts, view = Boundaries.from_starts.__func__, Boundaries.view
 
-    def __setitem__(self, key, value):
-        self.writes += 1
-        super().__setitem__(key, value)
+        def counting_from_starts(cls, starts):
+            self.derived += 1
+            return from_starts(cls, starts)
+
+        def counting_view(boundaries, name, build):
+            self.views[name] += name not in boundaries._views
+            return view(boundaries, name, build)
+
+        monkeypatch.setattr(Boundaries, "from_starts", classmethod(counting_from_starts))
+        monkeypatch.setattr(Boundaries, "view", counting_view)
 
 
 @pytest.fixture
@@ -230,30 +239,23 @@ def _batch(with_boundaries: bool) -> dict:
 
 
 def test_collator_boundaries_are_never_recomputed_per_layer(four_layer_llama, monkeypatch):
-    derived, host = CountingDict(), CountingDict()
-    monkeypatch.setattr(packed_segments, "_DERIVED", derived)
-    monkeypatch.setattr(packed_segments, "_HOST", host)
+    counted = CountingBoundaries(monkeypatch)
     calls = []
-    original = packed_segments.segments_from_kwargs
-    # The namespace the backend really calls into (a dotted path can name a re-imported copy under doctests).
-    monkeypatch.setitem(
-        packed_attention_forward.__globals__,
-        "segments_from_kwargs",
-        lambda kw, **o: calls.append(1) or original(kw, **o),
-    )
+    original = Boundaries.from_kwargs.__func__
+    counting = classmethod(lambda cls, kw, **o: calls.append(1) or original(cls, kw, **o))
+    monkeypatch.setattr(Boundaries, "from_kwargs", counting)
     four_layer_llama(**_batch(with_boundaries=True))
     assert len(calls) == 4, "the backend should run once per layer"
-    assert derived.writes == 0, "boundaries were derived from position_ids although the collator supplied them"
-    assert host.writes == 1, "cu_seq_lens should be copied to the host once per forward, not once per layer"
+    assert counted.derived == 0, "boundaries were derived from position_ids although the collator supplied them"
+    assert counted.views["host"] == 1, "cu_seq_lens should be copied to the host once per forward, not once per layer"
 
 
 def test_position_ids_only_are_derived_once_per_forward(four_layer_llama, monkeypatch):
-    derived = CountingDict()
-    monkeypatch.setattr(packed_segments, "_DERIVED", derived)
+    counted = CountingBoundaries(monkeypatch)
     four_layer_llama(**_batch(with_boundaries=False))
-    assert derived.writes == 1
+    assert counted.derived == 1
     four_layer_llama(**_batch(with_boundaries=False))
-    assert derived.writes == 2
+    assert counted.derived == 2
 
 
 def test_position_ids_only_and_collator_kwargs_give_the_same_logits(four_layer_llama):
@@ -264,8 +266,6 @@ def test_position_ids_only_and_collator_kwargs_give_the_same_logits(four_layer_l
 
 
 def test_split_into_chunks_matches_a_loop_over_sequences():
-    from flatcollate.attention.packed_segments import PackedSegments, split_into_chunks
-
     generator = torch.Generator().manual_seed(5)
     for chunk in (1, 2, 3, 8):
         lengths = torch.randint(1, 20, (7,), generator=generator).tolist()
@@ -273,7 +273,7 @@ def test_split_into_chunks_matches_a_loop_over_sequences():
         expected = [0]
         for start, end in itertools.pairwise(cu.tolist()):  # reference: walk each sequence chunk by chunk
             expected += [*range(start + chunk, end, chunk), end]
-        got = split_into_chunks(PackedSegments(cu, max(lengths)), chunk)
+        got = Boundaries(cu, max(lengths)).chunked(chunk)
         assert got.cu_seqlens.tolist() == expected and got.max_length == min(max(lengths), chunk)
 
 

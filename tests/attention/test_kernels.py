@@ -9,8 +9,7 @@ import torch
 
 from flatcollate.attention import packed_attention_forward
 from flatcollate.attention.kernels import flex_kernel, sdpa_kernel
-from flatcollate.attention.packed_segments import PackedSegments
-from flatcollate.boundaries import lengths_to_cu_seqlens
+from flatcollate.boundaries import Boundaries, lengths_to_cu_seqlens
 
 
 def reference_attention(query, key, value, lengths, *, scale, window=None, softcap=None, sinks=None):
@@ -49,7 +48,7 @@ def make_inputs(lengths, *, heads=4, kv_heads=2, head_dim=16, seed=0, requires_g
         for h in (heads, kv_heads, kv_heads)
     ]
     cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
-    return tensors, PackedSegments(cu_seqlens=cu, max_length=max(lengths))
+    return tensors, Boundaries(cu_seqlens=cu, max_length=max(lengths))
 
 
 LENGTH_MIXES = {
@@ -110,7 +109,7 @@ def test_window_exactly_the_sequence_length_is_plain_causal():
 
 def test_boundaries_that_do_not_cover_the_row_raise():
     (q, k, v), _ = make_inputs([4, 4])
-    short = PackedSegments(cu_seqlens=torch.tensor([0, 4, 7], dtype=torch.int32), max_length=4)
+    short = Boundaries(cu_seqlens=torch.tensor([0, 4, 7], dtype=torch.int32), max_length=4)
     with pytest.raises(ValueError, match="covers 7 tokens but the row holds 8"):
         sdpa_kernel(q, k, v, short, scale=0.25, window=None, softcap=None, dropout=0.0)
 
@@ -149,7 +148,7 @@ def test_group_plan_batches_similar_lengths_and_covers_every_token_once():
 
     lengths = [8, 8, 3, 7, 1, 4]
     cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
-    plan = group_plan(cu)
+    plan = group_plan(Boundaries(cu, int(cu.diff().max())))
     assert plan.batches == [(0, 3, 8), (24, 2, 4), (32, 1, 1)]
     real = plan.real.reshape(-1).bool()
     assert sorted(plan.slot_token[real].tolist()) == list(range(sum(lengths)))  # every token in exactly one slot
@@ -184,7 +183,7 @@ def test_the_block_mask_cache_is_keyed_by_device():
     """One boundaries tensor, two devices (a model moved between calls): each gets a block mask on its own device."""
     from flatcollate.attention.kernels import _document_block_mask
 
-    segments = PackedSegments(torch.tensor([0, 3, 8], dtype=torch.int32), 5)
+    segments = Boundaries(torch.tensor([0, 3, 8], dtype=torch.int32), 5)
     on_cpu = _document_block_mask(segments, 8, None, torch.device("cpu"))
     on_meta = _document_block_mask(segments, 8, None, torch.device("meta"))
     assert on_cpu.kv_num_blocks.device.type == "cpu" and on_meta.kv_num_blocks.device.type == "meta"
@@ -222,7 +221,7 @@ def test_flex_runs_on_fa4s_cute_kernels_where_torch_offers_them(monkeypatch):
         q,
         q,
         q,
-        PackedSegments(torch.tensor([0, 2, 6], dtype=torch.int32), 4),
+        Boundaries(torch.tensor([0, 2, 6], dtype=torch.int32), 4),
         scale=1.0,
         window=None,
         softcap=None,

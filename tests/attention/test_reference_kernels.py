@@ -8,8 +8,7 @@ import torch
 from flatcollate.attention import capabilities
 from flatcollate.attention.features import wrong_gradients
 from flatcollate.attention.kernels import sdpa_kernel
-from flatcollate.attention.packed_segments import PackedSegments
-from flatcollate.boundaries import lengths_to_cu_seqlens
+from flatcollate.boundaries import Boundaries, lengths_to_cu_seqlens
 from flatcollate.testing.reference_flash_attn import flash_attn_4_varlen_func, flash_attn_varlen_func
 from flatcollate.testing.reference_kernels import KernelContract, varlen_attn, varlen_attn_like
 
@@ -58,7 +57,7 @@ def test_flash_reference_matches_the_sdpa_kernel_with_gradients(window, softcap)
     lengths = [97, 1, 13, 40]
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), h, 16, generator=generator, requires_grad=True) for h in (6, 2, 2))
-    segments = PackedSegments(cu_seqlens=_cu(lengths), max_length=97)
+    segments = Boundaries(cu_seqlens=_cu(lengths), max_length=97)
     expected = sdpa_kernel(q, k, v, segments, scale=0.3, window=window, softcap=softcap or None, dropout=0.0)
     out = flash_attn_varlen_func(CPU_FP32)(
         q=q,

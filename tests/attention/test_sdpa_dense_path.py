@@ -7,8 +7,7 @@ import torch
 
 from flatcollate.attention import length_batches
 from flatcollate.attention.kernels import sdpa_kernel
-from flatcollate.attention.packed_segments import PackedSegments
-from flatcollate.boundaries import lengths_to_cu_seqlens
+from flatcollate.boundaries import Boundaries, lengths_to_cu_seqlens
 from flatcollate.testing.reference_kernels import varlen_attention
 
 DENSE = {
@@ -28,7 +27,7 @@ def _run(lengths, *, window=None, softcap=None):
     q, k, v = (torch.randn(sum(lengths), h, 16, generator=generator, requires_grad=True) for h in (4, 2, 2))
     cu = torch.from_numpy(lengths_to_cu_seqlens(np.array(lengths)))
     out = sdpa_kernel(
-        q, k, v, PackedSegments(cu, max(lengths)), scale=0.3, window=window, softcap=softcap, dropout=0.0
+        q, k, v, Boundaries(cu, max(lengths)), scale=0.3, window=window, softcap=softcap, dropout=0.0
     )
     bounds = cu.tolist()
     expected = varlen_attention(
@@ -65,7 +64,7 @@ def test_rows_already_in_batch_order_take_no_gather_and_match_the_reference(monk
     gathers = CountedGather(monkeypatch)
     _run(DENSE[mix], **options)
     assert gathers.calls == 0
-    assert length_batches.group_plan(torch.from_numpy(lengths_to_cu_seqlens(np.array(DENSE[mix])))).in_place
+    assert length_batches.group_plan(Boundaries.from_lengths(DENSE[mix])).in_place
 
 
 @pytest.mark.parametrize("mix", GATHERED)

@@ -57,7 +57,7 @@ def test_both_passes_score_the_completions_alike():
 def test_a_row_without_its_boundaries_scores_otherwise(monkeypatch):
     # Control: the flattened row as one sequence (positions running on, one segment) attends across completions.
     def one_sequence(self, input_ids):
-        total = int(self.bounds[-1])
+        total = self.boundaries.total
         bounds = torch.tensor([0, total], dtype=torch.int32, device=input_ids.device)
         return {
             "input_ids": input_ids[self.real][None],

@@ -382,14 +382,13 @@ def test_packed_fingerprint_comes_from_the_source_and_options_not_the_tokens(mon
 @pytest.mark.parametrize("lengths", [[1], [4096], [1, 1, 1], [3, 1, 7, 2, 2, 9], list(range(1, 40))])
 def test_restarting_positions_match_the_reference(lengths):
     from flatcollate.boundaries import cu_seqlens_to_position_ids
-    from flatcollate.data.arrow_packing import _restarting_positions
 
     cu = np.concatenate([[0], np.cumsum(lengths)])
-    expected = cu_seqlens_to_position_ids(cu)
-    actual = _restarting_positions(cu)
+    expected = np.concatenate([np.arange(n) for n in lengths])  # reference: one count per sequence
+    actual = cu_seqlens_to_position_ids(cu)
     assert actual.dtype == np.int64
     np.testing.assert_array_equal(actual, expected)
-    assert _restarting_positions(np.zeros(1, np.int64)).shape == (0,)
+    assert cu_seqlens_to_position_ids(np.zeros(1, np.int64)).shape == (0,)
 
 
 @pytest.mark.parametrize("shuffle_seed", [None, 5])

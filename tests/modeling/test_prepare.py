@@ -10,6 +10,7 @@ from flatcollate.boundaries import cu_seqlens_to_position_ids, lengths_to_cu_seq
 from flatcollate.modeling import guard as guard_module
 from flatcollate.modeling import prepare_model_for_flattening, unsupported_reason
 from flatcollate.modeling.guard import install_guard
+from flatcollate.modeling.prepared_state import is_prepared
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = [5, 1, 9, 3]
@@ -156,7 +157,7 @@ def test_a_backend_that_cannot_be_selected_leaves_the_model_unchanged(backend, m
         prepare_model_for_flattening(model, attn_implementation=backend)
     after = (model.config.use_cache, model.generation_config.use_cache, model.config._attn_implementation)
     assert after == before
-    assert getattr(model, "_flatcollate_guard", None) is None
+    assert not is_prepared(model)
 
 
 def test_guard_stays_when_another_library_replaces_forward_afterwards(model):

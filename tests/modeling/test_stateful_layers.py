@@ -5,9 +5,11 @@ import copy
 import pytest
 import torch
 
+from flatcollate.boundaries import Boundaries
 from flatcollate.check import check_model
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.modeling.stateful_layers import _concat, row_bounds, segment_mixers
+from flatcollate.modeling.prepared_state import FlatBatch
+from flatcollate.modeling.stateful_layers import RowBounds, _concat, segment_mixers
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = (7, 1, 12, 4)
@@ -50,11 +52,14 @@ def test_segment_mixers_wraps_only_stateful_families_and_only_once():
     assert segment_mixers(tiny_causal_lm("llama")) == 0
 
 
-def test_row_bounds_prefer_cu_seq_lens_and_ignore_unflattened_batches():
-    cu = torch.tensor([0, 3, 4], dtype=torch.int32)
-    assert row_bounds({"cu_seq_lens_q": cu, "position_ids": torch.tensor([[0, 1, 2, 3]])}) == [0, 3, 4]
-    assert row_bounds({"position_ids": torch.tensor([[0, 1, 0, 1], [0, 1, 2, 3]])}) is None  # padded, 2 rows
-    assert row_bounds({}) is None
+def test_row_bounds_are_the_guards_boundaries_and_none_for_ordinary_batches():
+    row, model = RowBounds([]), torch.nn.Module().eval()
+    row.record(model, {}, FlatBatch(Boundaries.from_lengths([3, 1]), None))
+    assert row.bounds == [0, 3, 4]
+    row.record(model, {}, None)  # an ordinary batch (padded rows, a mask, a cache)
+    assert row.bounds is None
+    row.record(model, {}, FlatBatch(Boundaries.from_lengths([4]), None))  # one sequence: nothing to split
+    assert row.bounds is None
 
 
 def test_outputs_that_are_not_per_token_are_refused_as_main_output_and_dropped_as_extras():

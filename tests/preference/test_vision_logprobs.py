@@ -21,6 +21,7 @@ import torch
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
+from flatcollate.boundaries import Boundaries
 from flatcollate.preference import logprobs, sequence_logprobs
 from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
 from flatcollate.vision import VisionDataCollatorWithFlattening
@@ -122,9 +123,9 @@ def test_a_boundary_one_token_early_is_caught(case, monkeypatch):
     bounds = logprobs.sequence_bounds
 
     def early(batch):
-        moved = bounds(batch).clone()
+        moved = bounds(batch).cu_seqlens.clone()
         moved[1] -= 1
-        return moved
+        return Boundaries(moved, int(moved.diff().max()))
 
     monkeypatch.setattr(logprobs, "sequence_bounds", early)
     with torch.no_grad():

@@ -15,7 +15,7 @@ from torch._inductor import cpp_builder
 from torch._inductor.exc import InvalidCxxCompiler
 
 from flatcollate import DataCollatorWithFlattening
-from flatcollate.attention import packed_segments
+from flatcollate.boundaries import Boundaries
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.testing import tiny_causal_lm
 
@@ -87,14 +87,18 @@ def train(model, batches: list[dict], counter: CountingBackend | None = None) ->
     return {"losses": torch.stack(losses), "runs": runs, "parameters": parameters}
 
 
-class CountingHostCopies(dict):
-    """Stands in for the one-entry cache of `host_boundaries`: every store is one copy of `cu_seqlens` to the host."""
+class CountingHostCopies:
+    """Counts the copies of `cu_seqlens` to the host: every `Boundaries` computes its view `host` at most once."""
 
     stores = 0
 
-    def __setitem__(self, key, value):
-        type(self).stores += 1
-        super().__setitem__(key, value)
+    @staticmethod
+    def view(original):
+        def counting(boundaries, name, build):
+            CountingHostCopies.stores += name == "host" and name not in boundaries._views
+            return original(boundaries, name, build)
+
+        return counting
 
 
 def compiled_and_eager_runs(family: str, backend: str, dynamic: bool | None, **overrides) -> dict:
@@ -106,7 +110,7 @@ def compiled_and_eager_runs(family: str, backend: str, dynamic: bool | None, **o
     counter = CountingBackend(backend)
     compiled = torch.compile(twin, backend=counter, dynamic=dynamic)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packed_segments, "_HOST", CountingHostCopies())
+        patch.setattr(Boundaries, "view", CountingHostCopies.view(Boundaries.view))
         compiled_run = train(compiled, batches, counter)
     return {
         "initial": initial,

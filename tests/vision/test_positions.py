@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from flatcollate import prepare_model_for_flattening
+from flatcollate.boundaries import Boundaries
 from flatcollate.modeling.composite import TEXT_ROW_KEYS, vision_towers
 from flatcollate.modeling.multimodal_positions import multimodal_position_ids, rope_index_of
 from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
@@ -42,7 +43,7 @@ def test_positions_equal_each_example_numbered_alone(case):
     got = multimodal_position_ids(
         rope_index,
         batch["input_ids"],
-        batch["cu_seq_lens_q"].tolist(),
+        Boundaries.from_lengths(batch["cu_seq_lens_q"].diff().tolist()),
         mm_token_type_ids=batch.get("mm_token_type_ids"),
         image_grid_thw=batch.get("image_grid_thw"),
     )
@@ -62,7 +63,7 @@ def test_given_positions_are_checked(case):
         good = multimodal_position_ids(
             rope,
             batch["input_ids"],
-            batch["cu_seq_lens_q"].tolist(),
+            Boundaries.from_lengths(batch["cu_seq_lens_q"].diff().tolist()),
             mm_token_type_ids=batch.get("mm_token_type_ids"),
             image_grid_thw=batch.get("image_grid_thw"),
         )

@@ -19,7 +19,7 @@ import torch
 from trl.trainer.utils import FusedCausalLMOutput
 
 from ..._conventions import IGNORE_INDEX, IMAGE_FIELDS, TOKEN_TYPE_FIELDS
-from ...boundaries import next_token_labels
+from ...boundaries import Boundaries, next_token_labels
 
 MODEL_INPUTS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 VISION_INPUTS = (*TOKEN_TYPE_FIELDS, *IMAGE_FIELDS)
@@ -46,14 +46,10 @@ class SequenceLayout:
     def __init__(self, inputs: Mapping, prefix: str = ""):
         fields = (*MODEL_INPUTS, *VISION_INPUTS, "completion_mask")
         self.row = {key: inputs[prefix + key] for key in fields if inputs.get(prefix + key) is not None}
-        bounds = self.row["cu_seq_lens_q"].long()
-        self.bounds = bounds.cpu()
-        starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-        self.count = len(lengths)
-        width = int(lengths.max())
-        offsets = torch.arange(width, device=bounds.device)
-        self.valid = offsets[None] < lengths[:, None]  # (N, L)
-        self.index = (starts[:, None] + offsets[None]).clamp(max=int(bounds[-1]) - 1)
+        cu = self.row["cu_seq_lens_q"]
+        self.boundaries = Boundaries(cu, int(cu.diff().max()))
+        self.count = len(self.boundaries.lengths)
+        self.index, self.valid = self.boundaries.padded()  # (N, L)
         self._padded_ids = self.padded(self.row["input_ids"])
         completion = torch.where(self.row["completion_mask"].bool(), self.row["input_ids"], IGNORE_INDEX)
         self._padded_labels = self.padded(completion, fill=IGNORE_INDEX)
@@ -84,7 +80,7 @@ class SequenceLayout:
     def shift_labels(self) -> torch.Tensor:
         """Next-token labels over the row, `(1, T)`: completion tokens only, never across a boundary."""
         ids, completion = self.row["input_ids"], self.row["completion_mask"]
-        return next_token_labels(torch.where(completion.bool(), ids, IGNORE_INDEX), self.bounds)
+        return next_token_labels(torch.where(completion.bool(), ids, IGNORE_INDEX), self.boundaries.cu_seqlens.long())
 
     def padded_outputs(self, outputs: FusedCausalLMOutput) -> FusedCausalLMOutput:
         """The fused head's per-token fields over the row, laid out as its padded forward returns them:

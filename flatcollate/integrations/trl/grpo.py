@@ -18,7 +18,7 @@ import torch
 from trl import GRPOTrainer
 
 from ..._conventions import IGNORE_INDEX
-from ...boundaries import next_token_labels
+from ...boundaries import Boundaries, next_token_labels
 from ...modeling import prepare_model_for_flattening
 
 
@@ -78,9 +78,7 @@ class CompletionRows:
         self.real = attention_mask.bool()
         self.width = logits_to_keep
         lengths = self.real.sum(dim=1)
-        bounds = torch.zeros(len(lengths) + 1, dtype=torch.long, device=lengths.device)
-        bounds[1:] = lengths.cumsum(0)
-        self.bounds = bounds
+        self.boundaries = Boundaries.from_lengths(lengths.tolist(), device=lengths.device)
         # A row flattens when its real tokens are one run (left-padded prompt, right-padded completion) and not empty.
         first = self.real.int().argmax(dim=1)
         span = torch.arange(self.real.shape[1], device=lengths.device)[None]
@@ -89,17 +87,10 @@ class CompletionRows:
 
     def model_inputs(self, input_ids: torch.Tensor) -> dict:
         """The flattened row with restarting positions and its boundaries."""
-        lengths = (self.bounds[1:] - self.bounds[:-1]).tolist()
-        positions = torch.cat([torch.arange(n, device=input_ids.device) for n in lengths])
-        bounds = self.bounds.to(device=input_ids.device, dtype=torch.int32)
-        longest = max(lengths)
         return {
             "input_ids": input_ids[self.real][None],
-            "position_ids": positions[None],
-            "cu_seq_lens_q": bounds,
-            "cu_seq_lens_k": bounds,
-            "max_length_q": longest,
-            "max_length_k": longest,
+            "position_ids": self.boundaries.position_ids().to(input_ids.device)[None],
+            **self.boundaries.kwargs(),
         }
 
     def shift_labels(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -107,13 +98,13 @@ class CompletionRows:
         scored = torch.zeros_like(self.real)
         scored[:, -self.width :] = True
         labels = torch.where(scored, input_ids, IGNORE_INDEX)[self.real][None]
-        return next_token_labels(labels, self.bounds.cpu())
+        return next_token_labels(labels, self.boundaries.cu_seqlens.long())
 
     def completion_view(self, flat: torch.Tensor) -> torch.Tensor:
         """A `(1, T)` per-token output of the row as `(B, K)`: entry `j` of row `b` scores its completion token `j`
         (predicted at the token before it), 0 where that column is padding."""
         where = self.real.flatten().cumsum(0).view_as(self.real) - 1  # each real token's place in the row
         target = where[:, -self.width :] - 1  # the prediction of a token sits at the token before it
-        valid = self.real[:, -self.width :] & (target >= self.bounds[:-1, None])
+        valid = self.real[:, -self.width :] & (target >= self.boundaries.cu_seqlens[:-1, None].long())
         values = flat[0][target.clamp(min=0).to(flat.device)]
         return torch.where(valid.to(flat.device), values, torch.zeros_like(values))
