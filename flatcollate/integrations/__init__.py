@@ -1,5 +1,6 @@
 """Glue for training libraries. Each submodule imports its library, so import the one you use:
 `from flatcollate.integrations.trl import FlatSFTTrainer`.
 
-Imports from flatcollate: `_conventions`, `boundaries`, `families`, `collate`, `data`, `modeling`, `vision`, `preference`.
+Imports from flatcollate: `_conventions`, `boundaries`, `families`, `collate`, `data`, `modeling`, `vision`,
+`preference`.
 """
