@@ -42,8 +42,10 @@ class Family:
             attention, short convolutions), run once per sequence.
         block_token_type (`int`, *optional*): the `token_type_ids` value whose runs attend bidirectionally (image
             blocks; `flatcollate.attention.bidirectional_blocks`).
-        spatial_merge (`str`, *optional*): the vision-config attribute of a grid family's spatial merge (a side, or
-            Kimi-K2.5's kernel `(h, w)`): each image fills `t * h * w / merge**2` placeholders of `image_grid_thw`.
+        image_tokens (`tuple[str, ...]`, *optional*): how many placeholders each image fills: a rule of
+            `flatcollate.vision.counts.RULES` (`"grid"`, `"sized"`, `"tiles"`, `"anyres"`, `"fixed"`, ...), then what
+            it reads, config attributes as dotted paths from the composite config (`"vision_config.patch_size"`).
+            On a vision tower: the rule of a family that counts by its tower (`("tower", ...)`, LLaVA).
         grid_layout (`bool`): the vision collator reads images and videos by their `*_grid_thw` rows
             (`VisionLayout.merge_size` from `vision_config.spatial_merge_size`).
         fixed_count (`bool`): every image fills the same number of placeholders (one feature map per image).
@@ -63,7 +65,7 @@ class Family:
     row_length_limit: tuple[str, str] | None = None
     mixers: tuple[str, ...] = ()
     block_token_type: int | None = None
-    spatial_merge: str | None = None
+    image_tokens: tuple[str, ...] | None = None
     grid_layout: bool = False
     fixed_count: bool = False
     batch_first: tuple[str, ...] = ()
@@ -79,7 +81,11 @@ _ROW_WIDE_CONV_MASK = (
     "its short-convolution and attention layers share a `conv_mask` over the whole row; running the convolutions "
     "once per sequence is not enough (measured)"
 )
-_MERGE = "spatial_merge_size"
+_GRID = ("grid", "vision_config.spatial_merge_size")
+_PIXTRAL = ("sized", "vision_config.patch_size", "spatial_merge_size")
+_MM_TOKENS = ("fixed", "mm_tokens_per_image")
+_SAM = ("sam_neck",)
+_TILES = ("tiles", "scale_factor")
 _PIXELS = ("pixel_values",)
 _PIXELS_MASKED = ("pixel_values", "pixel_attention_mask")
 _POST_LAYERNORM = (
@@ -140,21 +146,26 @@ FAMILIES: dict[str, Family] = {
     "zamba2": Family(unsupported=_MAMBA_KERNELS),
     "zaya": Family(unsupported=_RECURRENT),
     # ---- image-text families ----
-    "aria": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
-    "aya_vision": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
-    "cohere2_vision": Family(fixed_count=True),
-    "cosmos3_edge": Family(spatial_merge=_MERGE),
-    "cosmos3_omni": Family(spatial_merge=_MERGE),
-    "exaone4_5": Family(spatial_merge=_MERGE),
-    "fuyu": Family(batch_first=_PIXELS),
-    "gemma3": Family(block_token_type=1, fixed_count=True, dpo_images=True),
-    "glm4v": Family(spatial_merge=_MERGE, grid_layout=True),
-    "glm4v_moe": Family(spatial_merge=_MERGE, grid_layout=True),
-    "glm46v": Family(spatial_merge=_MERGE, grid_layout=True),
-    "glm_ocr": Family(spatial_merge=_MERGE),
-    "glmga": Family(spatial_merge=_MERGE),
-    "got_ocr2": Family(fixed_count=True),
+    "aria": Family(
+        image_tokens=("queries", "projector_patch_to_query_dict"), fixed_count=True, unused_by_design=_POST_LAYERNORM
+    ),
+    "aya_vision": Family(
+        image_tokens=("shuffled_crop", "downsample_factor"), fixed_count=True, unused_by_design=_POST_LAYERNORM
+    ),
+    "cohere2_vision": Family(image_tokens=("divided_sides", "downsample_factor"), fixed_count=True),
+    "cosmos3_edge": Family(image_tokens=_GRID),
+    "cosmos3_omni": Family(image_tokens=_GRID),
+    "exaone4_5": Family(image_tokens=_GRID),
+    "fuyu": Family(image_tokens=("per_patch",), batch_first=_PIXELS),
+    "gemma3": Family(image_tokens=_MM_TOKENS, block_token_type=1, fixed_count=True, dpo_images=True),
+    "glm4v": Family(image_tokens=_GRID, grid_layout=True),
+    "glm4v_moe": Family(image_tokens=_GRID, grid_layout=True),
+    "glm46v": Family(image_tokens=_GRID, grid_layout=True),
+    "glm_ocr": Family(image_tokens=_GRID),
+    "glmga": Family(image_tokens=_GRID),
+    "got_ocr2": Family(image_tokens=_SAM, fixed_count=True),
     "granite_docling": Family(
+        image_tokens=("masked_tiles", "vision_config.scale_factor"),
         batch_first=_PIXELS_MASKED,
         unused_by_design=(
             (
@@ -164,47 +175,55 @@ FAMILIES: dict[str, Family] = {
             ),
         ),
     ),
-    "hyperclovax_vision_v2": Family(spatial_merge=_MERGE),
-    "idefics2": Family(batch_first=_PIXELS_MASKED),
-    "idefics3": Family(batch_first=_PIXELS_MASKED),
-    "internvl": Family(fixed_count=True),
-    "kimi_k25": Family(spatial_merge="merge_kernel_size"),
-    "lfm2_vl": Family(padded=_PIXELS_MASKED),
-    "lfm3_vl": Family(spatial_merge=_MERGE),
-    "lighton_ocr": Family(padded=_PIXELS),
-    "llama4": Family(fixed_count=True),
-    "llava": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
-    "llava_next": Family(padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
-    "llava_next_video": Family(padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
-    "llava_onevision": Family(padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
-    "minimax_m3_vl": Family(spatial_merge=_MERGE),
-    "mistral3": Family(padded=_PIXELS),
+    "hyperclovax_vision_v2": Family(image_tokens=_GRID),
+    "idefics2": Family(
+        image_tokens=("latent_tiles", "perceiver_config.resampler_n_latents"), batch_first=_PIXELS_MASKED
+    ),
+    "idefics3": Family(image_tokens=_TILES, batch_first=_PIXELS_MASKED),
+    "internvl": Family(image_tokens=("scaled_sides", "downsample_ratio"), fixed_count=True),
+    "kimi_k25": Family(image_tokens=("grid", "vision_config.merge_kernel_size")),
+    "lfm2_vl": Family(image_tokens=("spatial", "downsample_factor"), padded=_PIXELS_MASKED),
+    "lfm3_vl": Family(image_tokens=_GRID),
+    "lighton_ocr": Family(image_tokens=_PIXTRAL, padded=_PIXELS),
+    "llama4": Family(image_tokens=("scaled_sides", "vision_config.pixel_shuffle_ratio"), fixed_count=True),
+    "llava": Family(image_tokens=("tower", "crop"), fixed_count=True, unused_by_design=_POST_LAYERNORM),
+    "llava_next": Family(image_tokens=("anyres",), padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
+    "llava_next_video": Family(image_tokens=("anyres",), padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
+    "llava_onevision": Family(
+        image_tokens=("anyres", "vision_aspect_ratio"), padded=_PIXELS, unused_by_design=_POST_LAYERNORM
+    ),
+    "minimax_m3_vl": Family(image_tokens=_GRID),
+    "mistral3": Family(image_tokens=_PIXTRAL, padded=_PIXELS),
     "mistral_large4": Family(
         own_backend="its sparse-attention indexer reads the attention mask, which the packed backend does not build",
+        image_tokens=_PIXTRAL,
         padded=_PIXELS,
     ),
-    "muse_glimmer": Family(spatial_merge="merge_size"),
-    "paddleocr_vl": Family(spatial_merge=_MERGE, grid_layout=True),
-    "paligemma": Family(block_token_type=0, fixed_count=True),
-    "pp_chart2table": Family(fixed_count=True),
-    "qwen2_vl": Family(spatial_merge=_MERGE, grid_layout=True, dpo_images=True),
-    "qwen2_5_vl": Family(spatial_merge=_MERGE, grid_layout=True, dpo_images=True),
-    "qwen3_vl": Family(spatial_merge=_MERGE, grid_layout=True),
-    "qwen3_vl_moe": Family(spatial_merge=_MERGE, grid_layout=True),
-    "qwen3_5": Family(spatial_merge=_MERGE),
-    "qwen3_5_moe": Family(spatial_merge=_MERGE),
-    "shieldgemma2": Family(block_token_type=1, fixed_count=True),
-    "smolvlm": Family(batch_first=_PIXELS_MASKED),
+    "muse_glimmer": Family(image_tokens=("grid", "vision_config.merge_size")),
+    "paddleocr_vl": Family(image_tokens=_GRID, grid_layout=True),
+    "paligemma": Family(image_tokens=("patches",), block_token_type=0, fixed_count=True),
+    "pp_chart2table": Family(image_tokens=_SAM, fixed_count=True),
+    "qwen2_vl": Family(image_tokens=_GRID, grid_layout=True, dpo_images=True),
+    "qwen2_5_vl": Family(image_tokens=_GRID, grid_layout=True, dpo_images=True),
+    "qwen3_vl": Family(image_tokens=_GRID, grid_layout=True),
+    "qwen3_vl_moe": Family(image_tokens=_GRID, grid_layout=True),
+    "qwen3_5": Family(image_tokens=_GRID),
+    "qwen3_5_moe": Family(image_tokens=_GRID),
+    "shieldgemma2": Family(image_tokens=_MM_TOKENS, block_token_type=1, fixed_count=True),
+    "smolvlm": Family(image_tokens=_TILES, batch_first=_PIXELS_MASKED),
+    "video_llama_3": Family(image_tokens=("grid_merges", "image_merge_sizes")),
     "video_llava": Family(
+        image_tokens=("crop",),
         fixed_count=True,
         unused_by_design=(
             *_POST_LAYERNORM,
             (r"model\.video_tower\..*", "the video tower runs on `pixel_values_videos`; the examples hold images only"),
         ),
     ),
-    "vipllava": Family(fixed_count=True, unused_by_design=_POST_LAYERNORM),
+    "vipllava": Family(image_tokens=("default_crop",), fixed_count=True, unused_by_design=_POST_LAYERNORM),
     # ---- vision towers ----
     "clip_vision_model": Family(class_tokens=1),
+    "pixtral": Family(image_tokens=("sized", "vision_config.patch_size")),  # LLaVA on a Pixtral tower (Pixtral-12B)
     "siglip_vision_model": Family(class_tokens=0),
 }
 """`model_type` -> its record; a family not listed has the empty record `Family()`."""

@@ -1,10 +1,17 @@
 """The family registry: one record per `model_type`, each saying something, read field by field through a composite
 model's language model, and an empty record for a family it does not know."""
 
+import ast
+from pathlib import Path
+
 import pytest
 from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from flatcollate.families import FAMILIES, Family, family_of
+from flatcollate.vision.counts import RULES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_record_says_something():
@@ -24,7 +31,7 @@ def test_a_composite_config_takes_its_language_models_mixers(model_type, text_ty
     assert family_of(model_type).mixers == ()
     merged = family_of(config)
     assert merged.mixers == FAMILIES[text_type].mixers != ()
-    assert merged.spatial_merge == FAMILIES[model_type].spatial_merge == "spatial_merge_size"
+    assert merged.image_tokens == FAMILIES[model_type].image_tokens == ("grid", "vision_config.spatial_merge_size")
 
 
 def test_a_value_set_on_the_family_is_kept_even_when_falsy():
@@ -35,3 +42,18 @@ def test_a_value_set_on_the_family_is_kept_even_when_falsy():
 def test_a_model_type_reads_only_its_own_record():
     assert family_of("qwen3_5") is FAMILIES["qwen3_5"]
     assert family_of("mamba") is FAMILIES["mamba"]
+
+
+def test_every_image_rule_is_a_rule_of_counts():
+    """A record's `image_tokens` starts with a name of `flatcollate.vision.counts.RULES`."""
+    named = {name: record.image_tokens[0] for name, record in FAMILIES.items() if record.image_tokens is not None}
+    assert {name: rule for name, rule in named.items() if rule not in RULES} == {}
+    assert set(named.values()) == set(RULES)  # no builder without a family
+
+
+@pytest.mark.parametrize("module", ["flatcollate/vision/counts.py", "flatcollate/vision/layouts.py"])
+def test_image_counts_know_rules_not_families(module):
+    """What a family does lives in its record: the modules that apply the rules name no `model_type`."""
+    tree = ast.parse((ROOT / module).read_text())
+    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert strings & set(CONFIG_MAPPING_NAMES) == set()

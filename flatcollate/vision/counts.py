@@ -6,22 +6,25 @@ balance in the total of a flattened batch and run in the other sequence. The col
 from its own images. A rule is a pure function `(example) -> (images,) int64` bound to the family's numbers with
 `functools.partial` (a partial pickles, so a collator crosses into `DataLoader` workers)::
 
-    family                          one image fills                                   read from
-    Qwen2/2.5/3-VL, GLM-4V, ...     t * h * w / merge**2                              image_grid_thw
-    VideoLLaMA 3                    t * h * w / merge_i**2                            image_grid_thw, image_merge_sizes
-    LLaVA-NeXT(-Video), OneVision   base + rows * (cols + 1) of the unpadded grid     image_sizes (batch_num_images)
-    Pixtral (Mistral 3, ...)        (H // (patch * merge)) * (W // (patch * merge))   image_sizes
-    LFM2-VL                         (h // factor) * (w // factor)                     spatial_shapes
-    Idefics2/3, SmolVLM             tokens per tile * real tiles                      pixel_values (all-zero: padding)
-    Granite Docling                 tokens per tile * real tiles                      pixel_attention_mask
-    Fuyu                            one per patch                                     pixel_values
-    LLaVA, Gemma 3, PaliGemma, ...  a fixed count from the config                     pixel_values (images)
+    rule: family                    one image fills                                   read from
+    grid: Qwen2/2.5/3-VL, GLM-4V    t * h * w / merge**2                              image_grid_thw
+    grid_merges: VideoLLaMA 3       t * h * w / merge_i**2                            image_grid_thw, image_merge_sizes
+    anyres: LLaVA-NeXT, OneVision   base + rows * (cols + 1) of the unpadded grid     image_sizes (batch_num_images)
+    sized: Pixtral (Mistral 3)      (H // (patch * merge)) * (W // (patch * merge))   image_sizes
+    spatial: LFM2-VL                (h // factor) * (w // factor)                     spatial_shapes
+    (latent_)tiles: Idefics2/3      tokens per tile * real tiles                      pixel_values (all-zero: padding)
+    masked_tiles: Granite Docling   tokens per tile * real tiles                      pixel_attention_mask
+    per_patch: Fuyu                 one per patch                                     pixel_values
+    crop, fixed, ...: LLaVA, Gemma  a fixed count from the config                     pixel_values (images)
 
-Families without a rule here (`image_token_rule` returns None) are checked for the presence of placeholders only.
+Which rule a family follows, and the config attributes it reads, is the family's record (`Family.image_tokens`,
+`flatcollate.families`); the builders here (`RULES`) know rules, not families. Families without a rule
+(`image_token_rule` returns None) are checked for the presence of placeholders only.
 """
 
 import functools
 import math
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,50 +40,24 @@ Rule = Callable[[Mapping[str, Any]], np.ndarray]
 def image_token_rule(config) -> Rule | None:
     """The rule giving each image's placeholder count for `config`'s family, or None where it is not known.
 
-    >>> from transformers import AutoConfig
-    >>> rule = image_token_rule(AutoConfig.for_model("qwen2_vl"))
+    >>> from transformers import Qwen2VLConfig
+    >>> rule = image_token_rule(Qwen2VLConfig())
     >>> rule({"pixel_values": np.zeros((40, 8)), "image_grid_thw": [[1, 4, 4], [1, 4, 6]]}).tolist()
     [4, 6]
     """
-    family, vision = config.model_type, getattr(config, "vision_config", None)
-    if (merge_attribute := family_of(family).spatial_merge) is not None:
-        merge = getattr(vision, merge_attribute)
-        return functools.partial(grid_tokens, area=int(np.prod(merge)) if isinstance(merge, list | tuple) else merge**2)
-    if family == "video_llama_3":
-        return functools.partial(grid_tokens, merge_field="image_merge_sizes")
-    if family in ("gemma3", "shieldgemma2"):
-        return functools.partial(fixed_tokens, tokens=config.mm_tokens_per_image)
-    if family in ("mistral3", "lighton_ocr", "mistral_large4"):
-        return functools.partial(sized_tokens, stride=vision.patch_size * config.spatial_merge_size)
-    if family == "lfm2_vl":
-        return functools.partial(spatial_tokens, factor=config.downsample_factor)
-    if family == "fuyu":
-        return patch_tokens
-    if family in ("idefics3", "smolvlm", "granite_docling", "idefics2"):
-        tiles = real_tile_tokens if family != "granite_docling" else masked_tile_tokens
-        if family == "idefics2":
-            return functools.partial(tiles, tokens=config.perceiver_config.resampler_n_latents)
-        scale = config.scale_factor if family != "granite_docling" else vision.scale_factor
-        return functools.partial(tiles, tokens=int(_patches(vision) / scale**2))
-    if family == "llava" and getattr(vision, "model_type", None) == "pixtral":
-        return functools.partial(sized_tokens, stride=vision.patch_size)
-    tokens = _fixed_count(config)
-    if tokens is not None:
-        return functools.partial(fixed_tokens, tokens=tokens)
-    if family in ("llava_next", "llava_next_video", "llava_onevision"):
-        crop = _crop_tokens(config)
-        if crop is None:
-            return None
-        aspect = getattr(config, "vision_aspect_ratio", None) if family == "llava_onevision" else None
-        return functools.partial(
-            anyres_tokens,
-            crop_tokens=crop,
-            side=vision.image_size,
-            feature_side=vision.image_size // vision.patch_size,
-            pinpoints=[list(p) for p in config.image_grid_pinpoints],
-            max_crops=int(aspect.removeprefix("anyres_max_")) if aspect else None,
-        )
-    return None
+    rule = family_of(config.model_type).image_tokens
+    return None if rule is None else RULES[rule[0]](config, *rule[1:])
+
+
+def stated_count(config) -> int | None:
+    """Placeholders of every image where the family's config states them (rule `"fixed"`), else None.
+
+    >>> from transformers import Gemma3Config, LlavaConfig
+    >>> stated_count(Gemma3Config()), stated_count(LlavaConfig())
+    (256, None)
+    """
+    name, *reads = family_of(config.model_type).image_tokens or ("",)
+    return _read(config, reads[0]) if name == "fixed" else None
 
 
 # ---- rules: `(example) -> (images,) int64` --------------------------------------------------------------------------
@@ -163,37 +140,7 @@ def anyres_tokens(
     return np.array(counts, dtype=np.int64)
 
 
-# ---- the numbers of fixed-count families -------------------------------------------------------------------------
-
-
-def _fixed_count(config) -> int | None:
-    """Placeholders of every image where the family fills a fixed number, from its config; None otherwise."""
-    family, vision = config.model_type, getattr(config, "vision_config", None)
-    crop = _crop_tokens(config)
-    if family in ("llava", "video_llava"):
-        return crop
-    if family == "vipllava":  # drops the class token whatever the strategy
-        cls = family_of(vision.model_type).class_tokens
-        return None if cls is None else _patches(vision) + cls - 1
-    if family == "paligemma":
-        return _patches(vision)
-    if family == "aya_vision":  # pixel shuffle of the square feature map
-        return None if crop is None else int(math.isqrt(crop) // config.downsample_factor) ** 2
-    if family == "cohere2_vision":
-        return int(_sides(vision)[0] // config.downsample_factor) * int(_sides(vision)[1] // config.downsample_factor)
-    if family == "internvl":
-        height, width = _sides(vision)
-        return int(height * config.downsample_ratio) * int(width * config.downsample_ratio)
-    if family == "llama4":
-        height, width = _sides(vision)
-        return int(height * vision.pixel_shuffle_ratio) * int(width * vision.pixel_shuffle_ratio)
-    if family == "aria":
-        queries = {int(k): int(v) for k, v in config.projector_patch_to_query_dict.items()}
-        return queries.get(_patches(vision))
-    if family in ("got_ocr2", "pp_chart2table"):  # two stride-2 convolutions (padding 1) after the SAM encoder
-        height, width = _sides(vision)
-        return -(-height // 4) * -(-width // 4)
-    return None
+# ---- the numbers of a config ------------------------------------------------------------------------------------
 
 
 def _crop_tokens(config) -> int | None:
@@ -219,6 +166,119 @@ def _sides(vision) -> tuple[int, int]:
 def _patches(vision) -> int:
     height, width = _sides(vision)
     return height * width
+
+
+def _read(config, path: str) -> Any:
+    """A config attribute by dotted path from the composite config (`"vision_config.patch_size"`)."""
+    return operator.attrgetter(path)(config)
+
+
+# ---- builders: `(config, *reads) -> Rule | None`, one per rule name of `Family.image_tokens` -------------------------
+
+
+def _grid(config, merge: str) -> Rule:
+    """`grid_tokens` with the vision tower's spatial merge: a side, or a kernel `(h, w)` (Kimi-K2.5)."""
+    merge = _read(config, merge)
+    return functools.partial(grid_tokens, area=int(np.prod(merge)) if isinstance(merge, list | tuple) else merge**2)
+
+
+def _tiles(config, scale: str, tiles: Callable = real_tile_tokens) -> Rule:
+    """A tile rule (`real_tile_tokens`, `masked_tile_tokens`), each tile's patches pixel-shuffled by `scale`."""
+    return functools.partial(tiles, tokens=int(_patches(config.vision_config) / _read(config, scale) ** 2))
+
+
+def _anyres(config, aspect: str | None = None) -> Rule | None:
+    """`anyres_tokens` with LLaVA-NeXT's crop and pinpoints; OneVision's `max_crops` from the top-level `aspect`
+    attribute (`"anyres_max_9"`). None where the crop's tokens are not known."""
+    crop = _crop_tokens(config)
+    if crop is None:
+        return None
+    vision, aspect = config.vision_config, getattr(config, aspect, None) if aspect else None
+    return functools.partial(
+        anyres_tokens,
+        crop_tokens=crop,
+        side=vision.image_size,
+        feature_side=vision.image_size // vision.patch_size,
+        pinpoints=[list(p) for p in config.image_grid_pinpoints],
+        max_crops=int(aspect.removeprefix("anyres_max_")) if aspect else None,
+    )
+
+
+def _tower(config, *otherwise: str) -> Rule | None:
+    """The rule of the vision tower's record where it has one (LLaVA on Pixtral), else the rule `otherwise`."""
+    tower = family_of(getattr(getattr(config, "vision_config", None), "model_type", None) or "").image_tokens
+    rule = tower or otherwise
+    return RULES[rule[0]](config, *rule[1:])
+
+
+def _each(count: Callable[..., int | None], config, *reads: str) -> Rule | None:
+    """`fixed_tokens` with `count(config, *reads)` for every image; None where the count is not known."""
+    tokens = count(config, *reads)
+    return None if tokens is None else functools.partial(fixed_tokens, tokens=tokens)
+
+
+def _default_crop(config) -> int | None:
+    """One crop less its first token whatever the feature strategy (VipLLaVA)."""
+    vision = config.vision_config
+    cls = family_of(vision.model_type).class_tokens
+    return None if cls is None else _patches(vision) + cls - 1
+
+
+def _shuffled_crop(config, factor: str) -> int | None:
+    """One crop's square feature map after a pixel shuffle by `factor` (Aya Vision)."""
+    crop = _crop_tokens(config)
+    return None if crop is None else int(math.isqrt(crop) // _read(config, factor)) ** 2
+
+
+def _divided_sides(config, factor: str) -> int:
+    (height, width), factor = _sides(config.vision_config), _read(config, factor)
+    return int(height // factor) * int(width // factor)
+
+
+def _scaled_sides(config, ratio: str) -> int:
+    (height, width), ratio = _sides(config.vision_config), _read(config, ratio)
+    return int(height * ratio) * int(width * ratio)
+
+
+def _queries(config, table: str) -> int | None:
+    """The projector's query count for the tower's patches (Aria), None where the table has none."""
+    queries = {int(k): int(v) for k, v in _read(config, table).items()}
+    return queries.get(_patches(config.vision_config))
+
+
+def _sam_neck(config) -> int:
+    """Two stride-2 convolutions (padding 1) after the SAM encoder (GOT-OCR2)."""
+    height, width = _sides(config.vision_config)
+    return -(-height // 4) * -(-width // 4)
+
+
+RULES: dict[str, Callable[..., Rule | None]] = {
+    # counts read from the example's vision fields
+    "grid": _grid,
+    "grid_merges": lambda config, field: functools.partial(grid_tokens, merge_field=field),  # merge per image
+    "anyres": _anyres,
+    "sized": lambda config, *strides: functools.partial(
+        sized_tokens, stride=math.prod(_read(config, s) for s in strides)
+    ),
+    "spatial": lambda config, factor: functools.partial(spatial_tokens, factor=_read(config, factor)),
+    "tiles": _tiles,
+    "masked_tiles": lambda config, scale: _tiles(config, scale, masked_tile_tokens),
+    "latent_tiles": lambda config, latents: functools.partial(real_tile_tokens, tokens=_read(config, latents)),
+    "per_patch": lambda config: patch_tokens,
+    "tower": _tower,
+    # the same count for every image, from the config
+    "fixed": lambda config, tokens: functools.partial(fixed_tokens, tokens=_read(config, tokens)),
+    "crop": functools.partial(_each, _crop_tokens),
+    "default_crop": functools.partial(_each, _default_crop),
+    "patches": functools.partial(_each, lambda config: _patches(config.vision_config)),
+    "shuffled_crop": functools.partial(_each, _shuffled_crop),
+    "divided_sides": functools.partial(_each, _divided_sides),
+    "scaled_sides": functools.partial(_each, _scaled_sides),
+    "queries": functools.partial(_each, _queries),
+    "sam_neck": functools.partial(_each, _sam_neck),
+}
+"""Rule name (`Family.image_tokens[0]`) -> builder `(config, *reads) -> Rule | None` of the rule with the config's
+numbers; `reads` are the rest of the family's `image_tokens`."""
 
 
 def _field(example: Mapping, name: str) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families import family_of
-from .counts import Rule, image_token_rule
+from .counts import Rule, image_token_rule, stated_count
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class VisionLayout:
         video_token_id (`int`, *optional*): the video placeholder id.
         merge_size (`int`, *optional*): spatial merge of grid families (`vision_config.spatial_merge_size`, where
             `Family.grid_layout`).
-        tokens_per_image (`int`, *optional*): placeholders of every image, for families with a fixed count.
+        tokens_per_image (`int`, *optional*): placeholders of every image, for families whose config states it
+            (`flatcollate.vision.counts.stated_count`).
         image_tokens (`Callable`, *optional*): the family's rule, `(example) -> (images,) int64` placeholders of each
             image from the example's vision fields (`flatcollate.vision.counts.image_token_rule`).
         same_count (`bool`): every image fills the same (unknown) number of placeholders (`Family.fixed_count`, and
@@ -53,8 +54,8 @@ class VisionLayout:
     def from_config(cls, config) -> "VisionLayout":
         """The layout of a family from its (composite) config.
 
-        >>> from transformers import AutoConfig
-        >>> VisionLayout.from_config(AutoConfig.for_model("qwen2_vl")).merge_size
+        >>> from transformers import Qwen2VLConfig
+        >>> VisionLayout.from_config(Qwen2VLConfig()).merge_size
         2
         """
         family = family_of(config.model_type)
@@ -67,9 +68,7 @@ class VisionLayout:
             image_token_id=image,
             video_token_id=getattr(config, "video_token_id", None),
             merge_size=merge,
-            tokens_per_image=getattr(config, "mm_tokens_per_image", None)
-            if config.model_type in ("gemma3", "shieldgemma2")
-            else None,
+            tokens_per_image=stated_count(config),
             image_tokens=rule,
             same_count=family.fixed_count and rule is None,
             batch_first=family.batch_first,
