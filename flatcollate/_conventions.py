@@ -15,6 +15,10 @@ CU_SEQLENS_DTYPE = torch.int32
 NP_IDS_DTYPE = np.int64
 NP_CU_SEQLENS_DTYPE = np.int32
 
+STATE_ATTRIBUTE = "_flatcollate"
+"""The one attribute flatcollate sets on objects it prepares: a model's `PreparedState`, a wrapped layer's part, a
+hooked module's hook, a patched function's original, a tensor's carried `Boundaries`."""
+
 FLASH_KWARG_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """Keys a flattening collator emits so attention kernels never recompute boundaries."""
 

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 
 from ._conventions import CU_SEQLENS_DTYPE, FLASH_KWARG_KEYS, IDS_DTYPE, IGNORE_INDEX, NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
-
-_CARRIED = "_flatcollate"  # a tensor's `(version, Boundaries read from it)`, for the rest of the forward
+from ._conventions import STATE_ATTRIBUTE as _CARRIED  # on a tensor: `(its version, the Boundaries read from it)`
 
 
 def lengths_to_cu_seqlens(lengths: np.ndarray) -> np.ndarray:

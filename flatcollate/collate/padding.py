@@ -8,6 +8,7 @@ from typing import Literal
 import numpy as np
 
 from .._conventions import IGNORE_INDEX, NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
+from ..boundaries import cu_seqlens_to_position_ids, cu_seqlens_to_seq_idx
 
 
 def pad_as_own_segment(
@@ -84,8 +85,7 @@ def pad_flat(
     width = int(lengths.max())
     if pad_to_multiple_of:
         width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    columns = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+    rows, columns = cu_seqlens_to_seq_idx(offsets), cu_seqlens_to_position_ids(offsets)  # each token's example, place
     if padding_side == "left":
         columns += np.repeat(width - lengths, lengths)
     input_ids = np.full((len(lengths), width), pad_token_id, dtype=NP_IDS_DTYPE)

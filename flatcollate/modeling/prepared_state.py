@@ -22,10 +22,8 @@ from typing import Any
 
 import torch
 
+from .._conventions import STATE_ATTRIBUTE
 from ..boundaries import Boundaries
-
-STATE_ATTRIBUTE = "_flatcollate"
-"""The one attribute flatcollate sets on objects it prepares (models, layers, functions, tensors)."""
 
 
 @dataclass(frozen=True)

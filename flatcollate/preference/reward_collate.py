@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..boundaries import lengths_to_cu_seqlens
 from ..collate import DataCollatorWithFlattening
 from ..collate.features import as_1d_ints, check_token_range
 
@@ -75,7 +76,7 @@ def pair_sequences(
                 raise TypeError(f"example {index}: 'margin' must be a number, got {type(feature['margin']).__name__}.")
             margins.append(feature["margin"])
     for field, arrays in fields.items():  # one vectorized range check per field, naming the first bad pair
-        offsets = np.concatenate([[0], np.cumsum([len(ids) for ids in arrays])])
+        offsets = lengths_to_cu_seqlens(np.array([len(ids) for ids in arrays]))
         check_token_range(np.concatenate(arrays), offsets, field=field, vocab_size=vocab_size)
     margin = np.asarray(margins, dtype=np.float32) if with_margin else None
     return [*fields["chosen_ids"], *fields["rejected_ids"]], margin

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
+from ..boundaries import lengths_to_cu_seqlens
 from ..collate.features import MASK_KEYS, segment_lengths
 
 PER_TOKEN = ("input_ids", "labels", "attention_mask", *MASK_KEYS, *TOKEN_TYPE_FIELDS)
@@ -99,7 +100,7 @@ def split_packs(features: Sequence[Any]) -> tuple[list[Any], list[str]]:
         ids = _numpy(feature["input_ids"]).reshape(-1)
         lengths = segment_lengths(feature, len(ids), index=index)
         parts: list[dict] = [{} for _ in lengths]
-        cuts = np.cumsum(lengths)[:-1]
+        cuts = lengths_to_cu_seqlens(lengths)[1:-1]
         for key, value in feature.items():
             if key in BOUNDARIES or value is None:
                 continue

@@ -46,8 +46,7 @@ class SequenceLayout:
     def __init__(self, inputs: Mapping, prefix: str = ""):
         fields = (*MODEL_INPUTS, *VISION_INPUTS, "completion_mask")
         self.row = {key: inputs[prefix + key] for key in fields if inputs.get(prefix + key) is not None}
-        cu = self.row["cu_seq_lens_q"]
-        self.boundaries = Boundaries(cu, int(cu.diff().max()))
+        self.boundaries = Boundaries.from_kwargs(self.row, rows=1, length=self.row["input_ids"].shape[1])
         self.count = len(self.boundaries.lengths)
         self.index, self.valid = self.boundaries.padded()  # (N, L)
         self._padded_ids = self.padded(self.row["input_ids"])
