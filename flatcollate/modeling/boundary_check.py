@@ -17,21 +17,24 @@ device.
 import numpy as np
 import torch
 
-from .._conventions import CU_SEQLENS_DTYPE
+from .._conventions import CU_SEQLENS_DTYPE, FLASH_KWARG_KEYS
 from ..boundaries import Boundaries, position_starts
 from .prepared_state import FlatBatch
 
-BOUNDARY_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
-"""Arguments whose presence makes the guard check the batch's boundaries."""
+BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, "seq_idx")
+"""Arguments that say where a batch's sequences start: their presence makes a batch flattened."""
 
 
-def token_count(arguments: dict) -> tuple[int, int, torch.device] | None:
-    """`(rows, tokens per row, device)` of the batch, from `input_ids` `(B, T)` or `inputs_embeds` `(B, T, D)`."""
-    for key in ("input_ids", "inputs_embeds"):
-        value = arguments.get(key)
+def token_count(arguments: dict, positions: torch.Tensor | None = None) -> tuple[int, int, torch.device]:
+    """`(rows, tokens per row, device)` of the batch, from `input_ids` `(B, T)` or `inputs_embeds` `(B, T, D)`, else
+    from its text `positions` `(B, T)`; `ValueError` when it has none of them."""
+    for value in (arguments.get("input_ids"), arguments.get("inputs_embeds"), positions):
         if isinstance(value, torch.Tensor) and value.dim() >= 2:
             return value.shape[0], value.shape[1], value.device
-    return None
+    raise ValueError(
+        "A flattened batch (it carries `cu_seq_lens_*` or `seq_idx`) needs `input_ids` or `inputs_embeds` of shape "
+        "(batch, sequence_length) to check its boundaries against; pass the collator's batch as it is."
+    )
 
 
 def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -98,10 +101,7 @@ def check_boundaries(arguments: dict, positions: torch.Tensor | None) -> FlatBat
     Raises:
         `ValueError` naming the argument that disagrees and the first token where it does.
     """
-    shape = token_count(arguments)
-    if shape is None:
-        shape = (*positions.shape, positions.device)
-    rows, length, device = shape
+    rows, length, device = token_count(arguments, positions)
     total = rows * length
     boundaries, source = None, None
     if arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None:

@@ -17,14 +17,12 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from .._conventions import FLASH_KWARG_KEYS
 from ..attention import ATTN_IMPLEMENTATION
 from ..boundaries import position_starts
 from .boundary_check import BOUNDARY_KEYS, check_boundaries
 from .prepared_state import STATE_ATTRIBUTE, FlatBatch, PreparedState, check_in_force, state_of
 from .support import row_length_limit
 
-_BOUNDARY_KEYS = (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)
 _ORDINARY_KEYS = ("attention_mask", "past_key_values", "cache_position")
 """Arguments that make a batch without boundaries an ordinary one: a mask, a cache, or positions in a cache."""
 
@@ -51,7 +49,7 @@ def is_flattened(arguments: dict) -> bool:
     >>> is_flattened({"position_ids": torch.tensor([[0, 0, 0, 1, 2]]), "attention_mask": mask})
     False
     """
-    if any(arguments.get(key) is not None for key in _BOUNDARY_KEYS):
+    if any(arguments.get(key) is not None for key in BOUNDARY_KEYS):
         return True
     if any(arguments.get(key) is not None for key in _ORDINARY_KEYS):
         return False
@@ -115,7 +113,7 @@ def _check_arguments(model, state: PreparedState, args: tuple, kwargs: dict) -> 
     for feature in state.features:
         if feature.text_positions is not None:  # e.g. the text row of 3-D rotary positions
             positions = feature.text_positions(model, arguments)
-    has_boundaries = any(arguments.get(key) is not None for key in _BOUNDARY_KEYS)  # no tensor data read
+    has_boundaries = any(arguments.get(key) is not None for key in BOUNDARY_KEYS)  # no tensor data read
     flattened = has_boundaries or is_flattened({**arguments, "position_ids": positions})
     if state.unsupported is not None and flattened:
         raise ValueError(

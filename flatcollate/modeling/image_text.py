@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import torch
 
-from .._conventions import FLASH_KWARG_KEYS
 from ..attention.bidirectional_blocks import BLOCKS_KEY, block_ids
 from ..families import family_of
 from .boundary_check import BOUNDARY_KEYS
@@ -30,7 +29,7 @@ def _text_positions(model: torch.nn.Module, arguments: dict) -> torch.Tensor | N
         return given
     if given.shape[0] == 4:
         return given[0]
-    if not any(arguments.get(key) is not None for key in (*FLASH_KWARG_KEYS, *BOUNDARY_KEYS)):
+    if not any(arguments.get(key) is not None for key in BOUNDARY_KEYS):
         return None
     raise ValueError(
         f"`position_ids` of shape {tuple(given.shape)} hold the 3-D rotary positions without the text row, so the "

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .._conventions import CU_SEQLENS_DTYPE, FLASH_KWARG_KEYS
+from .._conventions import FLASH_KWARG_KEYS
 from ..boundaries import Boundaries
 from ..modeling import prepare_model_for_flattening
 from ..modeling.guard import install_guard
@@ -100,12 +100,13 @@ def pooled_indices(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, pad_token_
     >>> pooled_indices(torch.tensor([5, 6, 0, 7, 0]), torch.tensor([0, 3, 4, 5]), pad_token_id=None).tolist()
     [2, 3, 4]
     """
-    boundaries = Boundaries(cu_seqlens.to(device=input_ids.device, dtype=CU_SEQLENS_DTYPE), 0, input_ids.numel())
-    bounds = boundaries.cu_seqlens.long()
+    # The forward's boundaries when `cu_seqlens` carries them (no host sync), else read from `cu_seqlens`.
+    boundaries = Boundaries.from_kwargs({"cu_seq_lens_q": cu_seqlens}, rows=1, length=input_ids.numel())
+    bounds = boundaries.cu_seqlens.to(input_ids.device).long()
     starts, ends = bounds[:-1], bounds[1:] - 1
     if pad_token_id is None:
         return ends
-    sequence = boundaries.seq_idx.long()
+    sequence = boundaries.seq_idx.to(bounds.device).long()
     kept = torch.where(input_ids != pad_token_id, torch.arange(boundaries.total, device=bounds.device), -1)
     last = torch.full_like(ends, -1).scatter_reduce(0, sequence, kept, reduce="amax")
     return torch.where(last >= 0, last, starts)
