@@ -12,7 +12,7 @@ import torch
 from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ..collate.flattening import DataCollatorWithFlattening
 from ..modeling.token_types import check_example_token_types, token_types_read
-from .fields import check_fields, model_inputs
+from .fields import check_fields, check_vision_model, model_inputs
 from .layouts import VisionLayout, expected_placeholders, image_count
 from .packs import split_packs
 
@@ -71,7 +71,12 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
     @classmethod
     def from_model(cls, model, **kwargs) -> "VisionDataCollatorWithFlattening":
         """A collator with the layout of `model`'s family (a model or its config; PEFT wrappers are read through) and,
-        given a model, the parameters of its forward (`VisionLayout.model_inputs`)."""
+        given a model, the parameters of its forward (`VisionLayout.model_inputs`).
+
+        Raises:
+            `ValueError`: `model` has no vision tower (`flatcollate.vision.fields.check_vision_model`).
+        """
+        check_vision_model(model)
         config = getattr(model, "config", model)
         kwargs.setdefault("vocab_size", getattr(config.get_text_config(), "vocab_size", None))
         kwargs.setdefault("token_types", token_types_read(model) if isinstance(model, torch.nn.Module) else None)

@@ -19,6 +19,7 @@ import torch
 
 from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ..collate.features import MASK_KEYS
+from ..modeling.composite import text_config_key
 
 TEXT_FIELDS = ("input_ids", "labels", "seq_lengths", "position_ids", "attention_mask", *MASK_KEYS)
 """Fields the flattening of the text handles (`DataCollatorWithFlattening`)."""
@@ -43,6 +44,30 @@ def model_inputs(model: torch.nn.Module) -> frozenset[str] | None:
         if parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     ]
     return frozenset(named) or None
+
+
+def check_vision_model(model: Any) -> None:
+    """Raise for a model (a PEFT wrapper is read through) or config without a vision tower.
+
+    Decided from what the model is: a config whose text model is the whole config (no vision sub-config), or a model
+    whose `forward` takes none of the vision fields (`IMAGE_FIELDS`). Such a model fed image-text examples whose ids
+    fit its vocabulary would train with the images ignored.
+
+    >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
+    >>> check_vision_model(tiny_vision_lm("fuyu"))  # a composite config without `vision_config`: a linear tower
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", base)
+    inputs = model_inputs(base) if isinstance(base, torch.nn.Module) else None
+    composite = hasattr(config, "get_text_config") and text_config_key(config) is not None
+    if composite and (inputs is None or not inputs.isdisjoint(IMAGE_FIELDS)):
+        return
+    takes = "its config holds no vision sub-config" if not composite else "its forward takes no `pixel_values`"
+    raise ValueError(
+        f"{type(base).__name__} has no vision tower ({takes}): image-text examples would train with their images "
+        "ignored. Load the image-text model (`AutoModelForImageTextToText.from_pretrained(...)`) and build the "
+        "collator from it, or collate text rows with `flatcollate.DataCollatorWithFlattening`."
+    )
 
 
 def check_fields(features: Sequence[Any], inputs: frozenset[str] | None) -> None:

@@ -238,3 +238,21 @@ def test_list_valued_fields_count_as_arrays_and_absent_ones_as_absent():
             collator([{**example, "image_crop_boxes": value}])
     batch = collator([{**example, "image_crop_boxes": None, "source": "coco", "tags": ["a", "b", "c"]}])
     assert {"image_crop_boxes", "source", "tags"}.isdisjoint(batch) and "pixel_values" in batch
+
+
+def test_from_model_refuses_a_model_without_a_vision_tower():
+    """A text model fed image-text examples would train with the images ignored: `from_model` refuses it (a model, a
+    PEFT-style wrapper or a config), naming the model and the fix; every image-text family of the tiny recipes, Fuyu
+    (whose tower is a linear patch embedding, no `vision_config`) included, is accepted (the control)."""
+    from flatcollate.testing import tiny_causal_lm
+    from flatcollate.testing.tiny_vision import tiny_vision_config, tiny_vision_lm
+
+    text = tiny_causal_lm("qwen2")
+    for given in (text, text.config):
+        with pytest.raises(
+            ValueError, match=r"(Qwen2ForCausalLM|Qwen2Config) has no vision tower.*AutoModelForImageText"
+        ):
+            VisionDataCollatorWithFlattening.from_model(given)
+    for family in ("fuyu", "qwen2_5_vl", "paligemma"):
+        assert VisionDataCollatorWithFlattening.from_model(tiny_vision_config(family)).layout.image_token_id == 480
+    assert VisionDataCollatorWithFlattening.from_model(tiny_vision_lm("fuyu")).layout.model_inputs is not None
