@@ -35,12 +35,15 @@ from .encode import Encoder
 from .fingerprint import image_files_fingerprint
 from .images import as_image_list, image_paths, load_images
 from .messages import present_keys
+from .processor_text import move_spans, prefix_token_types, processor_text
 from .row_errors import RowError
 from .spans import reply_spans, tokens_in_spans
 
 TOKEN_FIELDS = ("mm_token_type_ids", "token_type_ids")
 """Processor outputs with one value per token, kept as 1-D lists beside `input_ids` and `labels`."""
-_DROPPED = ("input_ids", "attention_mask", "offset_mapping", "text_replacement_offsets")
+_DROPPED = ("input_ids", "labels", "attention_mask", "offset_mapping", "text_replacement_offsets")
+"""Processor outputs the encoder replaces (`input_ids`, `labels`: PaliGemma's are all -100 without `suffix=`) or uses
+only to place the replies."""
 
 
 class ProcessorChatRenderer(ChatRenderer):
@@ -214,10 +217,13 @@ class VisionEncoder(Encoder):
         spans = reply_spans(
             text, pieces, reply_prefix=self.chat.reply_prefix, reply_suffix=self.chat.reply_suffix, where=at
         )
-        out = self._process(text, load_images(images, where=f"{where}: field {self.images_field!r}"), where)
+        loaded = load_images(images, where=f"{where}: field {self.images_field!r}")
+        out = self._process(text, loaded, where)
+        spans = move_spans(spans, text, processor_text(self.processor, text, loaded), where=at)
         ids = np.asarray(out["input_ids"][0], dtype=np.int64)
         offsets = np.asarray(out["offset_mapping"][0], dtype=np.int64).reshape(-1, 2)
-        replaced = (out.get("text_replacement_offsets") or [[]])[0]
+        replaced = out.get("text_replacement_offsets")
+        replaced = [] if replaced is None or len(replaced) == 0 else list(replaced[0])  # InternVL: an empty array
         expanded = np.array([r["new_span"] for r in replaced], dtype=np.int64).reshape(-1, 2)
         trained = tokens_in_spans(offsets, expand_spans(spans, replaced)) & ~tokens_in_spans(offsets, expanded)
         if not trained.any():
@@ -226,6 +232,8 @@ class VisionEncoder(Encoder):
         for key, value in out.items():
             if key not in _DROPPED:
                 row[key] = np.asarray(value[0]).tolist() if key in TOKEN_FIELDS else value
+        if "labels" in out and "token_type_ids" in out:  # the processor's types mark its trained suffix (PaliGemma)
+            row["token_type_ids"] = prefix_token_types(trained).tolist()
         return row
 
     def _process(self, text: str, images: list[PIL.Image.Image], where: str):

@@ -18,13 +18,18 @@ from transformers import (
     CLIPImageProcessorPil,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
+    GotOcr2ImageProcessorPil,
+    InternVLProcessor,
     LlavaProcessor,
+    PaliGemmaProcessor,
     Qwen2VLImageProcessorPil,
     Qwen2VLProcessor,
+    SiglipImageProcessorPil,
 )
 
 from flatcollate.data import RowError, SkippedRow, build_encoder, make_supervised_dataset
 from flatcollate.data.vision_encode import TOKEN_FIELDS, VisionEncoder
+from flatcollate.vision import images_only
 from flatcollate.vision.collate import VisionDataCollatorWithFlattening
 from flatcollate.vision.layouts import VisionLayout
 
@@ -91,7 +96,23 @@ def processors(tokenizer_dir):
         image_seq_length=5,
         chat_template=chat_template("<start_of_image>"),
     )
-    return {"qwen2_vl": qwen, "llava": llava, "gemma3": gemma}
+    intern_tokens = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>"}
+    internvl = images_only(InternVLProcessor)(
+        image_processor=GotOcr2ImageProcessorPil(size={"height": 28, "width": 28}, crop_to_patches=False),
+        tokenizer=qwen_tokenizer(tokenizer_dir, extra_special_tokens={**intern_tokens, "video_token": "<video>"}),
+        image_seq_length=4,
+        chat_template=chat_template("<IMG_CONTEXT>"),
+    )
+    siglip = SiglipImageProcessorPil(size={"height": 28, "width": 28})
+    siglip.image_seq_length = 4
+    paligemma = PaliGemmaProcessor(  # inserts BOS after the last image and a newline at the end of the text
+        image_processor=siglip,
+        tokenizer=qwen_tokenizer(
+            tokenizer_dir, bos_token="<|endoftext|>", extra_special_tokens={"image_token": "<image>"}
+        ),
+        chat_template=chat_template("<image>"),
+    )
+    return {"qwen2_vl": qwen, "llava": llava, "gemma3": gemma, "internvl": internvl, "paligemma": paligemma}
 
 
 def random_image(rng, size, mode="RGB"):
@@ -139,7 +160,7 @@ def prefix_reference(processor, messages, images):
     return labels
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3", "internvl"])
 def test_ids_and_vision_fields_equal_the_processor(processors, family):
     processor = processors[family]
     encoder = build_encoder(processor, format="messages")
@@ -156,7 +177,7 @@ def test_ids_and_vision_fields_equal_the_processor(processors, family):
             np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(expected))
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "gemma3", "internvl"])
 def test_labels_equal_the_prefix_reference(processors, family):
     processor = processors[family]
     encoder = build_encoder(processor, format="messages")
@@ -370,3 +391,72 @@ def test_rows_feed_the_flattening_collator(processors):
     for key in ("pixel_values", "image_grid_thw"):
         expected = torch.from_numpy(np.concatenate([row[key] for row in with_images]))
         torch.testing.assert_close(batch[key], expected, rtol=0, atol=0)
+
+
+def text_rows(count):
+    """Text-only conversations (parts, no images), as an image-text dataset holds beside its image rows."""
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": f"Question {k}?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": f"Answer {k}."}]},
+            ],
+            "images": [],
+        }
+        for k in range(count)
+    ]
+
+
+def test_internvl_text_rows_are_encoded_and_kept(processors, tmp_path):
+    """InternVL's processor reports no replacement in a text row as an empty array (not a list): the row is encoded
+    as the prefix reference says, and `on_error="skip"` keeps every text row."""
+    processor = processors["internvl"]
+    rows = text_rows(3)
+    for i, row in enumerate(rows):
+        assert build_encoder(processor)(row, index=i)["labels"] == prefix_reference(processor, row["messages"], [])
+    source = datasets.Dataset.from_list(rows)
+    ds, stats = make_supervised_dataset(
+        processor, source, seed=None, on_error="skip", cache_dir=tmp_path, return_stats=True
+    )
+    assert stats.skipped == {} and len(ds) == 3
+
+
+def reply_tokens_reference(tokenizer, ids, replies, suffix="<|im_end|>\n"):
+    """Slow reference of the trained tokens: each token decoded on its own, characters counted along the row, and a
+    token trained when it overlaps a reply written after an assistant header (reply then `suffix`)."""
+    pieces = [tokenizer.decode([t]) for t in ids]
+    text = "".join(pieces)
+    assert tokenizer.decode(ids) == text  # byte-level tokens of ASCII text decode one by one
+    trained, pos = np.zeros(len(ids), dtype=bool), 0
+    for reply in replies:
+        start = text.index("assistant\n" + reply + suffix, pos) + len("assistant\n")
+        end = pos = start + len(reply + suffix)
+        at = 0
+        for k, piece in enumerate(pieces):
+            trained[k] |= at < end and start < at + len(piece)
+            at += len(piece)
+    return trained
+
+
+def test_paligemma_labels_are_the_replies_and_its_prefix_ends_at_the_first_reply(processors):
+    """PaliGemma's processor returns its own `labels` (all -100 without `suffix=`) and `token_type_ids` all 0 (the
+    whole row a bidirectional prefix), and inserts BOS after the last image: the encoder's labels are the replies'
+    tokens of the processed row, and the prefix (type 0, attended both ways) ends where the first reply starts."""
+    processor = processors["paligemma"]
+    encoder = build_encoder(processor, format="messages")
+    rng = np.random.default_rng(7)
+    for i in range(6):
+        row = random_row(rng)
+        if not row["images"]:
+            row["messages"][0]["content"].insert(0, {"type": "image"})
+            row["images"].insert(0, random_image(rng, (28, 28)))
+        out = encoder(row, index=i)
+        text = processor.apply_chat_template(row["messages"])
+        assert out["input_ids"] == list(processor_ids(processor, text, row["images"]))
+        replies = [m["content"][0]["text"] for m in row["messages"] if m["role"] == "assistant"]
+        trained = reply_tokens_reference(processor.tokenizer, out["input_ids"], replies)
+        assert out["labels"] == np.where(trained, out["input_ids"], -100).tolist()
+        shifted = np.roll(trained, -1)  # negative control: the reference tells a one-token shift apart
+        assert out["labels"] != np.where(shifted, out["input_ids"], -100).tolist()
+        first = int(np.argmax(trained))
+        assert out["token_type_ids"] == [0] * first + [1] * (len(trained) - first)
