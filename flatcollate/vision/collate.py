@@ -13,7 +13,7 @@ from .._conventions import IMAGE_FIELDS, TOKEN_TYPE_FIELDS
 from ..collate.flattening import DataCollatorWithFlattening
 from ..modeling.token_types import check_example_token_types, token_types_read
 from .fields import check_fields, check_vision_model, model_inputs
-from .layouts import VisionLayout, expected_placeholders, image_count
+from .layouts import VisionLayout, expected_placeholders, image_count, placeholder_runs, placeholders_per_image
 from .packs import split_packs
 
 
@@ -141,6 +141,8 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                     "example's sequence. Process each example's text and images together (the processor expands the "
                     "placeholders), and do not truncate inside an image."
                 )
+        if layout.image_token_id is not None:
+            _check_image_order(feature, ids, layout, where)
         return counts
 
     def _images(self, features: Sequence[Mapping], field: str) -> np.ndarray:
@@ -170,6 +172,32 @@ def _without(feature: Mapping, keys: tuple[str, ...]) -> dict:
     if not isinstance(feature, Mapping):
         return feature  # the base collator names the bad example
     return {key: value for key, value in feature.items() if key not in keys}
+
+
+def _check_image_order(feature: Mapping, ids: np.ndarray, layout: VisionLayout, where: str) -> None:
+    """Raise when the example's images fill its placeholder runs in another order (its total agrees).
+
+    Compared where the example has one run of image placeholders per image: each image gives at least one run, so
+    as many runs as images means one run each (tiles and rows of one image, or images without a separator between
+    them, give other run counts and are checked by their total only)::
+
+        input_ids       [t <s i i i i e> t <s i i e> t]     runs [4, 2]
+        image_grid_thw  [[1 2 4] [1 4 4]]                   fill [2, 4]   -> refused: image 0 fills 2, its run holds 4
+    """
+    per_image = placeholders_per_image(feature, layout)
+    if per_image is None:
+        return
+    runs = placeholder_runs(ids, layout.image_token_id)
+    if len(runs) != len(per_image) or (runs == per_image).all():
+        return
+    k = int(np.flatnonzero(runs != per_image)[0])
+    raise ValueError(
+        f"{where}: image {k} fills {per_image[k]} placeholder tokens but its run of placeholders (the {k + 1}th of "
+        f"`input_ids`) holds {runs[k]} (runs {runs.tolist()}, images {per_image.tolist()}): the example's images are "
+        "not in the order of their placeholders, and each would land on another image's tokens. Keep the vision "
+        "fields (`pixel_values`, `image_grid_thw`, ...) in the order the images appear in the text, as the processor "
+        "returns them."
+    )
 
 
 def _check_same_count(counts: list[tuple[int, int]], where: list[str]) -> None:

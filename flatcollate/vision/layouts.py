@@ -107,3 +107,26 @@ def expected_placeholders(example: Mapping, layout: VisionLayout, *, video: bool
     if layout.tokens_per_image is not None:
         return image_count(example, layout) * layout.tokens_per_image
     return None
+
+
+def placeholders_per_image(example: Mapping, layout: VisionLayout) -> np.ndarray | None:
+    """`(images,)` int64 placeholders of each image of the example, in order, or None where the family does not say."""
+    if example.get("pixel_values") is None:
+        return None
+    if layout.image_tokens is not None:
+        return np.asarray(layout.image_tokens(example), dtype=np.int64).reshape(-1)
+    if layout.merge_size is not None and example.get("image_grid_thw") is not None:
+        return np.asarray(example["image_grid_thw"]).reshape(-1, 3).prod(-1).astype(np.int64) // layout.merge_size**2
+    if layout.tokens_per_image is not None:
+        return np.full(image_count(example, layout), layout.tokens_per_image, dtype=np.int64)
+    return None
+
+
+def placeholder_runs(ids: np.ndarray, token: int) -> np.ndarray:
+    """`(runs,)` int64 lengths of the runs of `token` in `ids` (`(T,)` int), in order.
+
+    >>> placeholder_runs(np.array([1, 9, 9, 2, 9, 3, 9, 9, 9]), 9).tolist()
+    [2, 1, 3]
+    """
+    edges = np.diff(np.concatenate([[0], (ids == token).astype(np.int8), [0]]))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)

@@ -256,3 +256,25 @@ def test_from_model_refuses_a_model_without_a_vision_tower():
     for family in ("fuyu", "qwen2_5_vl", "paligemma"):
         assert VisionDataCollatorWithFlattening.from_model(tiny_vision_config(family)).layout.image_token_id == 480
     assert VisionDataCollatorWithFlattening.from_model(tiny_vision_lm("fuyu")).layout.model_inputs is not None
+
+
+def test_images_reversed_within_one_example_are_refused():
+    """Two images of different grid sizes given in the reverse order of their placeholder runs: the example's total
+    agrees, and each image would land on the other's tokens. The control (the processor's order) is collated."""
+    start, end = 7, 8
+    ids = [1, start, *[IMG] * 2, end, 2, start, *[IMG] * 4, end, 3]
+    example = {
+        "input_ids": ids,
+        "mm_token_type_ids": [int(t == IMG) for t in ids],
+        "pixel_values": torch.cat([torch.zeros(8, 6), torch.ones(16, 6)]),
+        "image_grid_thw": torch.tensor([[1, 2, 4], [1, 4, 4]]),
+    }
+    collator = VisionDataCollatorWithFlattening(layout=QWEN)
+    assert_close(collator([example])["image_grid_thw"], example["image_grid_thw"])
+    reversed_ = {
+        **example,
+        "pixel_values": torch.cat([torch.ones(16, 6), torch.zeros(8, 6)]),
+        "image_grid_thw": torch.tensor([[1, 4, 4], [1, 2, 4]]),
+    }
+    with pytest.raises(ValueError, match=r"Example 1: image 0 fills 4 placeholder tokens .* holds 2 .*order"):
+        collator([qwen_example(1, [], 1), reversed_])
