@@ -1,8 +1,9 @@
 """Packs of image-text examples: built from examples (`pack_examples`), split back into them (`split_packs`).
 
 A pack is one row holding several whole examples back to back (`flatcollate.data.pack_dataset` on encoded rows):
-per-token fields concatenated, `seq_lengths` (and restarting `position_ids`) marking the examples, and every vision
-field holding one entry per example, in example order, None for an example without images::
+per-token fields concatenated, `seq_lengths` saying it is a pack and where its examples start (restarting
+`position_ids` agree with it), and every vision field holding one entry per example, in example order, None for an
+example without images::
 
     pack   input_ids       [t <i i i i> t | t t t | <i i> t]      seq_lengths [6, 3, 3]
            pixel_values    [(16, D), None, (8, D)]
@@ -61,13 +62,40 @@ def pack_examples(examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return pack
 
 
+GRID_FIELDS = ("image_grid_thw", "video_grid_thw", "image_sizes")
+"""Vision fields with one row per image (`(images, k)`) in every family: one level deeper, they are a pack's entries."""
+
+
 def is_pack(feature: Mapping, index: int) -> bool:
-    """Whether `feature` holds several examples: it has `seq_lengths`, or `position_ids` that restart."""
+    """Whether `feature` is a pack: it says so with `seq_lengths` (`pack_dataset` and `pack_examples` write it).
+
+    A pack is never guessed from its other fields: one example's positions do not restart, and its vision fields
+    would be read as one example's. A feature without `seq_lengths` that shows the signs of a pack whose marker was
+    removed (`transformers.Trainer`'s `remove_unused_columns=True` drops it) is refused.
+
+    Raises:
+        `ValueError`: naming the feature, what shows it is a pack, and the fix.
+    """
     if "seq_lengths" in feature:
         return True
-    if "position_ids" not in feature or "input_ids" not in feature:
+    if "input_ids" not in feature or not any(feature.get(key) is not None for key in IMAGE_FIELDS):
         return False
-    return len(segment_lengths(feature, len(_numpy(feature["input_ids"]).reshape(-1)), index=index)) > 1
+    sign = None
+    if "position_ids" in feature:
+        restarts = len(segment_lengths(feature, len(_numpy(feature["input_ids"]).reshape(-1)), index=index)) - 1
+        sign = f"its `position_ids` restart {restarts} times" if restarts else None
+    for key in GRID_FIELDS:
+        value = feature.get(key)
+        if sign is None and value is not None and _ndim(value) != 2:
+            sign = f"its `{key}` has {_ndim(value)} dimensions, not `(images, k)` (one entry per packed example)"
+    if sign is None:
+        return False
+    raise ValueError(
+        f"Example {index} carries images and {sign}, but no `seq_lengths`: a pack says it is a pack, or its examples' "
+        "images cannot be told apart. `transformers.Trainer` drops `seq_lengths` (not an argument of the model's "
+        "forward): pass `TrainingArguments(remove_unused_columns=False)` or train with `FlatSFTTrainer`, which keeps "
+        "it; or collate the examples unpacked."
+    )
 
 
 def split_packs(features: Sequence[Any]) -> tuple[list[Any], list[str]]:
@@ -131,6 +159,13 @@ def _entries(value: Any, count: int, *, index: int, field: str) -> list:
         "placeholders are checked against its own images. Pack encoded rows with `flatcollate.data.pack_dataset` "
         "(in memory: `flatcollate.vision.packs.pack_examples`), or collate the examples unpacked."
     )
+
+
+def _ndim(value: Any) -> int:
+    try:
+        return _numpy(value).ndim
+    except ValueError:  # ragged nested lists: per-example entries of different sizes
+        return -1
 
 
 def _numpy(value: Any) -> np.ndarray:

@@ -77,3 +77,31 @@ def test_messages_name_the_pack_and_the_example(gemma):
     pack["input_ids"][-1] = 10**6
     with pytest.raises(ValueError, match=r"^Pack 1, example 2: "):
         collator([examples[0], pack])
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    model = tiny_vision_lm("qwen2_5_vl")
+    return VisionDataCollatorWithFlattening.from_model(model), tiny_vision_examples(model, count=3, images=(2, 1, 0))
+
+
+def test_a_pack_says_it_is_a_pack(gemma, qwen):
+    """A pack whose `seq_lengths` was dropped (as `Trainer`'s `remove_unused_columns` drops it) keeps its boundaries
+    only in `position_ids`: with one example they do not restart, and the pack's per-example lists would be read as
+    one example's fields (Qwen2.5-VL fails in the model; its `image_grid_thw` is one level deeper than `(images, 3)`);
+    with several, Gemma 3 would count the wrong images. Refused, naming `seq_lengths` and the fix; the same packs with
+    their marker collate as their examples (the control)."""
+    cases = [(qwen, examples) for examples in (qwen[1][:1], qwen[1])] + [(gemma, gemma[1])]
+    for (collator, _), examples in cases:
+        pack = pack_examples(examples)
+        lengths = pack.pop("seq_lengths")
+        assert_same_batch(collator([{**pack, "seq_lengths": lengths}]), collator(examples))
+        pack["position_ids"] = np.concatenate([np.arange(n) for n in lengths])
+        with pytest.raises(ValueError, match=r"^Example 0 carries images and its .* no `seq_lengths`.*remove_unused"):
+            collator([pack])
+    collator, examples = qwen  # an example with restarting positions but without images is text: collated as such
+    plain = {
+        **examples[2],
+        "position_ids": np.concatenate([np.arange(3), np.arange(len(examples[2]["input_ids"]) - 3)]),
+    }
+    assert collator([plain])["cu_seq_lens_q"].tolist() == [0, 3, len(examples[2]["input_ids"])]
