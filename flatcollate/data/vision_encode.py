@@ -63,7 +63,18 @@ class ProcessorChatRenderer(ChatRenderer):
                 f"template that writes the processor's image placeholder {processor.image_token!r} for each "
                 "{'type': 'image'} part."
             )
-        super().__init__(processor.tokenizer, chat_template=template, template_kwargs=template_kwargs)
+        try:
+            super().__init__(processor.tokenizer, chat_template=template, template_kwargs=template_kwargs)
+        except (TypeError, jinja2.TemplateError) as err:  # the probe's content is a list of parts, not a string
+            source = "the chat_template passed" if chat_template else f"{type(processor).__name__}.chat_template"
+            raise ValueError(
+                f"{source} cannot render messages whose content is a list of parts ({type(err).__name__}: {err}); it "
+                "is likely a text model's template, which joins `message['content']` as a string. Pass "
+                "chat_template=... to build_encoder (or make_supervised_dataset): a template that loops over each "
+                f"message's parts and writes the processor's image placeholder {processor.image_token!r} for each "
+                "{'type': 'image'} part, such as the image-text model's own (`AutoProcessor.from_pretrained(<the "
+                "image-text model>).chat_template`); docs/vision.md shows a minimal one."
+            ) from err
 
     def _probe_content(self, text: str):
         return [{"type": "text", "text": text}]

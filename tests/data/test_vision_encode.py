@@ -460,3 +460,19 @@ def test_paligemma_labels_are_the_replies_and_its_prefix_ends_at_the_first_reply
         assert out["labels"] != np.where(shifted, out["input_ids"], -100).tolist()
         first = int(np.argmax(trained))
         assert out["token_type_ids"] == [0] * first + [1] * (len(trained) - first)
+
+
+def test_a_text_models_chat_template_is_refused_naming_it(processors, tokenizer_dir):
+    """A text tokenizer's template (Qwen2.5's joins `message['content']` as a string) fails on content parts inside
+    the template probe: a ValueError names the template and the fix instead of Jinja's TypeError; the image-text
+    template of the same processor builds (the control)."""
+    processor = processors["qwen2_vl"]
+    text_template = qwen_tokenizer(tokenizer_dir).chat_template
+    with pytest.raises(ValueError, match=r"^the chat_template passed cannot render .* list of parts .*chat_template="):
+        build_encoder(processor, format="messages", chat_template=text_template)
+    texts = ImageOnlyQwen2VLProcessor(
+        image_processor=processor.image_processor, tokenizer=processor.tokenizer, chat_template=text_template
+    )
+    with pytest.raises(ValueError, match=r"^ImageOnlyQwen2VLProcessor.chat_template cannot render .*'<\\|image_pad"):
+        build_encoder(texts, format="messages")
+    assert isinstance(build_encoder(processor, format="messages"), VisionEncoder)

@@ -146,6 +146,8 @@ def test_the_token_budget_counts_image_placeholders(encoded, processors):  # noq
         TokenBudgetBatchSampler.from_dataset(encoded, batch_size=2, max_tokens=budget)
     refused = int(re.search(r"example (\d+)", str(caught.value))[1])
     assert text[refused] <= budget < lengths[refused]
+    # An example with images is never cut: the message says so and does not advise truncating.
+    assert "carries images (`" in str(caught.value) and "truncat" not in str(caught.value)
     packed = pack_dataset(encoded, int(lengths.max()))
     sampler = TokenBudgetBatchSampler.from_dataset(packed, batch_size=1, max_tokens=int(lengths.max()))
     assert sampler.lengths.tolist() == [sum(row) for row in packed["seq_lengths"]]
