@@ -23,7 +23,7 @@ import torch
 from .columns import row_lengths
 from .sampler_state import EpochIterator, check_resume, lengths_fingerprint
 from .shard_check import check_one_sharder, sharding_wrapper
-from .vision_packing import rows_with_images, vision_columns
+from .vision_packing import check_image_rows_fit
 
 
 def balanced_batches(lengths: np.ndarray, num_batches: int, *, seed: int = 0) -> list[np.ndarray]:
@@ -203,8 +203,7 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
             i = int(too_long[0])
             raise ValueError(
                 f"example {i} has {self.lengths[i]} tokens > max_tokens {max_tokens}; raise max_tokens, or truncate "
-                "the example if it is text (an image-text example is never cut: its placeholders would part from its "
-                "images)."
+                "the example if it is text only (an example with images is never cut)."
             )
 
     @classmethod
@@ -228,9 +227,8 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
                 f"the dataset has no `input_ids` (columns: {getattr(dataset, 'column_names', None)}); encode it first "
                 "(`flatcollate.data.make_supervised_dataset`), or pass `lengths` to TokenBudgetBatchSampler."
             )
-        table = dataset.with_format("arrow")[:]
-        lengths = row_lengths(table["input_ids"])
-        _check_overlong_images(table, lengths, options.get("max_tokens"))
+        lengths = row_lengths(dataset.with_format("arrow")[:]["input_ids"])
+        check_image_rows_fit(dataset, lengths, options.get("max_tokens"))
         return cls(lengths, **options)
 
     def set_epoch(self, epoch: int) -> None:
@@ -300,21 +298,3 @@ class TokenBudgetBatchSampler(torch.utils.data.Sampler[list[int]]):
     def load_state_dict(self, state: dict) -> None:
         """Go on in `state`'s epoch; a `ValueError` names every option the state was saved with that differs here."""
         self.epoch = check_resume(state, config=self.state_dict()["config"])
-
-
-def _check_overlong_images(table, lengths: np.ndarray, max_tokens) -> None:
-    """Raise for a row with images longer than `max_tokens`: such a row is never cut (its image placeholders would
-    part from its images), so the sampler's usual advice to truncate does not apply."""
-    names = vision_columns(table)
-    if not names or not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-        return  # the constructor checks `max_tokens` and names text rows
-    bad = np.flatnonzero((lengths > max_tokens) & rows_with_images(table, names))
-    if bad.size:
-        i = int(bad[0])
-        field = next(name for name in names if table[name][i].is_valid)
-        raise ValueError(
-            f"example {i} has {lengths[i]} tokens > max_tokens {max_tokens} (image placeholders included) and carries "
-            f"images (`{field}`; {bad.size} such rows); an example with images is never cut, which would separate its "
-            f"placeholders from its images. Raise max_tokens to at least {int(lengths[bad].max())}, or filter these "
-            "rows out."
-        )

@@ -92,3 +92,25 @@ def gather_examples(column: pa.ChunkedArray, order: np.ndarray, offsets: np.ndar
     [[[[3, 4], [5, 6]], [[1, 2]]], [None]]
     """
     return list_array(np.asarray(offsets, dtype=np.int64), one_array(column).take(pa.array(order)))
+
+
+def check_image_rows_fit(dataset, lengths: np.ndarray, max_tokens) -> None:
+    """Raise for a row with images longer than `max_tokens` (`TokenBudgetBatchSampler.from_dataset`): such a row is
+    never cut (its image placeholders would part from its images), so the sampler's advice to truncate does not
+    apply. `dataset`: a `datasets.Dataset`; `lengths`: `(num_rows,)` int64 tokens of its rows, placeholders included."""
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not (lengths > max_tokens).any():
+        return  # the constructor checks `max_tokens` and names text rows
+    table = dataset.with_format("arrow")[:]
+    names = vision_columns(table)
+    if not names:
+        return
+    bad = np.flatnonzero((lengths > max_tokens) & rows_with_images(table, names))
+    if bad.size:
+        i = int(bad[0])
+        field = next(name for name in names if table[name][i].is_valid)
+        raise ValueError(
+            f"example {i} has {lengths[i]} tokens > max_tokens {max_tokens} (image placeholders included) and carries "
+            f"images (`{field}`; {bad.size} such rows); an example with images is never cut, which would separate its "
+            f"placeholders from its images. Raise max_tokens to at least {int(lengths[bad].max())}, or filter these "
+            "rows out."
+        )
