@@ -46,6 +46,22 @@ def model_inputs(model: torch.nn.Module) -> frozenset[str] | None:
     return frozenset(named) or None
 
 
+def has_vision_tower(model: Any) -> bool:
+    """Whether `model` (a PEFT wrapper is read through) or a config has a vision tower (`check_vision_model`).
+
+    >>> from flatcollate.testing import tiny_causal_lm
+    >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
+    >>> has_vision_tower(tiny_vision_lm("fuyu")), has_vision_tower(tiny_causal_lm("llama")), has_vision_tower("org/m")
+    (True, False, False)
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", base)
+    if not hasattr(config, "get_text_config") or text_config_key(config) is None:
+        return False
+    inputs = model_inputs(base) if isinstance(base, torch.nn.Module) else None
+    return inputs is None or not inputs.isdisjoint(IMAGE_FIELDS)
+
+
 def check_vision_model(model: Any) -> None:
     """Raise for a model (a PEFT wrapper is read through) or config without a vision tower.
 
@@ -56,12 +72,11 @@ def check_vision_model(model: Any) -> None:
     >>> from flatcollate.testing.tiny_vision import tiny_vision_lm
     >>> check_vision_model(tiny_vision_lm("fuyu"))  # a composite config without `vision_config`: a linear tower
     """
+    if has_vision_tower(model):
+        return
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", base)
-    inputs = model_inputs(base) if isinstance(base, torch.nn.Module) else None
     composite = hasattr(config, "get_text_config") and text_config_key(config) is not None
-    if composite and (inputs is None or not inputs.isdisjoint(IMAGE_FIELDS)):
-        return
     takes = "its config holds no vision sub-config" if not composite else "its forward takes no `pixel_values`"
     raise ValueError(
         f"{type(base).__name__} has no vision tower ({takes}): image-text examples would train with their images "

@@ -22,6 +22,7 @@ from ...collate.features import MASK_KEYS
 from ...data.dataset import pack_dataset
 from ...modeling import prepare_model_for_flattening
 from ...vision import VisionDataCollatorWithFlattening
+from ...vision.fields import has_vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class FlatSFTTrainer(SFTTrainer):
 
     def __init__(self, *args, data_collator=None, attn_implementation: str | None = "flatcollate", **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        model = kwargs.get("model", args[0] if args else None)
         padding_free = training_args is not None and (
             training_args.padding_free
             or (training_args.packing and training_args.packing_strategy in {"bfd", "bfd_split"})
@@ -95,6 +97,7 @@ class FlatSFTTrainer(SFTTrainer):
                     "feed it to an unprepared model; pass SFTConfig(padding_free=True, max_length=None) (or "
                     "packing=True with packing_strategy='bfd')."
                 )
+            refuse_dropped_images(model, kwargs, args)
             warnings.warn(
                 "FlatSFTTrainer without padding_free=True is plain SFTTrainer: padded batches and a model that is not "
                 "prepared for flattening; pass SFTConfig(padding_free=True, max_length=None) (or packing=True with "
@@ -102,10 +105,11 @@ class FlatSFTTrainer(SFTTrainer):
                 stacklevel=2,
             )
             super().__init__(*args, data_collator=data_collator, **kwargs)
+            if isinstance(model, str):  # a model given by name is loaded now
+                refuse_dropped_images(self.model, kwargs, args)
             return
         refuse_raw_image_rows(kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         self.packing_stats = None
-        model = kwargs.get("model", args[0] if args else None)
         vision = is_image_text_model(model) or isinstance(data_collator, VisionDataCollatorWithFlattening)
         if vision and training_args.packing and "args" in kwargs and "train_dataset" in kwargs:
             kwargs = self._pack_image_text_rows(kwargs)
@@ -185,13 +189,38 @@ class FlatSFTTrainer(SFTTrainer):
 
 
 def is_image_text_model(model: Any) -> bool:
-    """Whether `model` (a model, or a PEFT wrapper of one) has a vision tower, i.e. a config with a `vision_config`.
+    """Whether `model` (a model, or a PEFT wrapper of one) has a vision tower (`flatcollate.vision.fields`).
 
     >>> from flatcollate.testing import tiny_vision_lm
     >>> is_image_text_model(tiny_vision_lm("llava")), is_image_text_model("org/model-name")
     (True, False)
     """
-    return getattr(getattr(model, "config", None), "vision_config", None) is not None
+    return has_vision_tower(model)
+
+
+def refuse_dropped_images(model: Any, kwargs: dict, args: tuple) -> None:
+    """Raise where TRL's own path (padded batches, or `packing_strategy="wrapped"`) would train image placeholders
+    without their images: rows a processor encoded (vision fields among the columns; TRL's collator keeps `input_ids`,
+    `labels` and `attention_mask`), or packing with an image-text model (TRL packs `input_ids` and `labels` only).
+    Raw image rows (`image`/`images`) on the padded path are TRL's own image route and pass."""
+    training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+    dataset = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
+    columns = getattr(dataset, "column_names", None)
+    if columns is None and dataset is not None:
+        sample = next(iter(dataset))
+        columns = list(sample) if isinstance(sample, Mapping) else []
+    carried = [name for name in IMAGE_FIELDS if name in (columns or ())]
+    packing = training_args is not None and training_args.packing
+    if not carried and not (packing and is_image_text_model(model)):
+        return
+    what = f"the training rows carry `{carried[0]}`" if carried else "the model has a vision tower"
+    path = f"packing_strategy={training_args.packing_strategy!r}" if packing else "padded batches (padding_free=False)"
+    raise ValueError(
+        f"FlatSFTTrainer: {what}, but padding-free training is off ({path}), so TRL's own path would run: it keeps "
+        "`input_ids` and `labels` of each row and drops the vision fields, and the image placeholder tokens would "
+        "train without their images. Pass SFTConfig(padding_free=True, max_length=None), or SFTConfig(packing=True, "
+        "packing_strategy='bfd', max_length=...) to pack the rows with their images."
+    )
 
 
 def refuse_raw_image_rows(train_dataset: Any) -> None:
