@@ -10,6 +10,7 @@ from .family_positions import add_family_positions
 from .guard import install_guard
 from .heads import add_label_warning
 from .image_text import add_image_text
+from .loss_kwargs import accept_loss_kwargs
 from .mask_patch import patch_mask_builders
 from .own_config import own_config, own_layer_configs
 from .prepared_state import mark_in_force
@@ -36,7 +37,9 @@ def prepare_model_for_flattening(
     Every module that reads the backend from a config of its own (a decoder layer taken from another model) gets a
     copy of that config on the selected backend. PEFT's prompt-learning adapters (prompt tuning, P-tuning, prefix
     tuning) put their virtual tokens once per row, so a PEFT model of one around the prepared model refuses flattened
-    batches (`flatcollate.modeling.prompt_learning`); LoRA is exact on them.
+    batches (`flatcollate.modeling.prompt_learning`); LoRA is exact on them. A model whose class refuses loss
+    arguments while its forward hands them to its loss (Qwen2-VL/2.5-VL/3-VL, GLM-4V) takes `num_items_in_batch`, so
+    `Trainer`'s gradient accumulation weighs tokens, not micro-batches (`flatcollate.modeling.loss_kwargs`).
 
     The configuration is left as it was (`use_cache`, generation config), so a saved checkpoint is the unprepared
     model's: ordinary and padded batches, evaluation and cached `generate()` run as before.
@@ -102,6 +105,7 @@ def prepare_model_for_flattening(
     add_family_positions(model)
     add_label_warning(model)
     add_image_text(model)
+    accept_loss_kwargs(model)  # gradient accumulation weighs tokens, not micro-batches (Qwen2-VL, GLM-4V, ...)
     watch_prompt_learning(wrapper)  # PEFT prompt learning, wrapped before or after, refuses flattened batches
     mark_in_force(model, tuple(patched))  # the guard checks both at every flattened forward
     if reason is None:

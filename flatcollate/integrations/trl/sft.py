@@ -125,6 +125,8 @@ class FlatSFTTrainer(SFTTrainer):
         self.data_collator = data_collator or DataCollatorWithFlattening(**options)
         self._keeps_vision_fields = isinstance(self.data_collator, VisionDataCollatorWithFlattening)
         prepare_model_for_flattening(base, attn_implementation=attn_implementation)
+        if vars(base).get("accepts_loss_kwargs") is True:  # set by preparing, after Trainer read the class's False
+            self.model_accepts_loss_kwargs = True  # so the step's tokens are counted and accumulation weighs them
 
     def _pack_image_text_rows(self, kwargs: dict) -> dict:
         """Pack `train_dataset` (and a map-style `eval_dataset` when eval packing is on) with `pack_dataset`, log
