@@ -49,7 +49,7 @@ def test_trainer_accumulation_weighs_tokens(family):
     reference = reference_step(model, examples)
     prepared = prepare_model_for_flattening(copy.deepcopy(model))
     assert_same_step(prepared, accumulated_step(prepared, examples), reference, family)
-    if getattr(type(model), "accepts_loss_kwargs", None) is False:  # negative control: the class's own setting weighs micro-batches
+    if getattr(type(model), "accepts_loss_kwargs", None) is False:  # control: the class's own setting weighs batches
         control = prepare_model_for_flattening(copy.deepcopy(model))
         with pytest.raises(AssertionError, match="differs from the per-example reference"):
             assert_same_step(control, accumulated_step(control, examples, accepts=False), reference, family)
