@@ -5,7 +5,7 @@ length profiles of `flatcollate.profiles`.
 Each public name is imported from its module on first use, so the `flatcollate bench` options load without torch. The
 preference tasks import `integrations` (and so trl) only inside the worker that trains.
 
-Imports from flatcollate: `flatcollate` (its collator), `_conventions`, `_lazy`, `cli`, `attention`, `data`,
+Imports from flatcollate: `flatcollate` (its collator), `_conventions`, `_lazy`, `_paths`, `cli`, `attention`, `data`,
 `modeling`, `testing`, `vision`, `check`, `integrations`, `synthetic`, `profiles`.
 """
 

@@ -14,6 +14,7 @@ import shlex
 from dataclasses import fields
 from pathlib import Path
 
+from .._paths import expand_path
 from ..cli import HelpFormatter, UsageError, non_negative_int, positive_float, positive_int
 
 # The options come from `config` alone; torch, transformers and the benchmark are imported inside the functions that
@@ -201,7 +202,7 @@ def validate(task, config, out_dir: str | Path | None) -> None:
         )
     task.validate(config)
     if out_dir is not None:
-        check_writable(Path(out_dir))
+        check_writable(expand_path(out_dir))
         check_plotting()
 
 

@@ -5,6 +5,7 @@ which needs matplotlib (the `bench` extra); everything else here needs no plotti
 import json
 from pathlib import Path
 
+from .._paths import expand_path
 from .config import PEER_MODE
 from .harness import get_task
 from .repeats import format_spread
@@ -163,7 +164,7 @@ def write_report(result: dict, out_dir: str | Path) -> list[Path]:
     throughput and memory plot and the loss curves; returns their paths."""
     from .plots import plot_losses, plot_throughput  # matplotlib, the `bench` extra, is loaded for the plots alone
 
-    out = Path(out_dir)
+    out = expand_path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in report_files(result)]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")

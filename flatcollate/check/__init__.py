@@ -12,8 +12,8 @@ The check may import every other package of flatcollate (it proves them); none o
 
 Each public name is imported from its module on first use, so `flatcollate check --help` loads no torch.
 
-Imports from flatcollate: `_conventions`, `_lazy`, `cli`, `boundaries`, `families`, `attention`, `modeling`, `testing`,
-`vision`, `preference`.
+Imports from flatcollate: `_conventions`, `_lazy`, `_paths`, `cli`, `boundaries`, `families`, `attention`, `modeling`,
+`testing`, `vision`, `preference`.
 """
 
 from .._lazy import lazy_exports

@@ -4,8 +4,8 @@ exit status 2). torch and transformers are imported inside the functions, so `--
 import argparse
 import difflib
 import re
-from pathlib import Path
 
+from .._paths import expand_path
 from ..cli import UsageError
 
 MAX_CHECK_TOKENS = 4096
@@ -107,7 +107,7 @@ def validate_model_argument(model: str, *, command: str = "check") -> None:
     gets the closest model_types (the mapping also holds a few class names, which are not suggested)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    path = Path(model).expanduser()
+    path = expand_path(model)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UsageError(f"{model}: the folder has no config.json; pass the folder a model was saved to.")

@@ -25,13 +25,13 @@ is reported `unverified` instead: its agreement would hold whether or not each i
 
 import dataclasses
 import json
-from pathlib import Path
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 from .._conventions import IGNORE_INDEX, TOKEN_TYPE_FIELDS
+from .._paths import expand_path
 from ..attention import ATTN_IMPLEMENTATION
 from ..testing.tiny_vision import FAMILIES, TINY_BUILD_NOTES, tiny_vision_examples, tiny_vision_lm
 from ..vision.collate import VisionDataCollatorWithFlattening
@@ -64,8 +64,8 @@ def image_text_model_type(model: str | PretrainedConfig) -> str | None:
     """
     if isinstance(model, PretrainedConfig):
         model_type = model.model_type
-    elif (Path(model).expanduser() / "config.json").is_file():
-        model_type = json.loads((Path(model).expanduser() / "config.json").read_text()).get("model_type")
+    elif (expand_path(model) / "config.json").is_file():
+        model_type = json.loads((expand_path(model) / "config.json").read_text()).get("model_type")
     else:
         model_type = model
     return model_type if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES else None

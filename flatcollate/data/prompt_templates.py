@@ -9,6 +9,8 @@ import json
 import string
 from pathlib import Path
 
+from .._paths import expand_path
+
 BUILTIN_TEMPLATES: dict[str, dict[str, str]] = {
     "alpaca": {
         "prompt": (
@@ -43,7 +45,7 @@ def load_template(template: str | dict | Path) -> dict[str, str]:
     if isinstance(template, str) and template in BUILTIN_TEMPLATES:
         return dict(BUILTIN_TEMPLATES[template])
     if isinstance(template, Path) or (isinstance(template, str) and template.endswith((".txt", ".json"))):
-        path = Path(template)
+        path = expand_path(template)
         if not path.is_file():
             raise ValueError(f"prompt template file {path} does not exist.")
         text = path.read_text()

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
+from .._paths import expand_path
 from .encoders import build_encoder
 from .fingerprint import encoder_fingerprint
 from .row_errors import SkippedRow
@@ -70,7 +71,7 @@ def load_source(source: str | os.PathLike | datasets.Dataset) -> datasets.Datase
         return source
     if not isinstance(source, str | os.PathLike):
         raise TypeError(f"a data source must be a path or a datasets.Dataset, got {type(source).__name__}.")
-    path = Path(source)
+    path = expand_path(source)
     if not path.is_file():
         raise ValueError(f"data file {path} does not exist.")
     if path.suffix == ".parquet":
@@ -188,8 +189,9 @@ def make_supervised_dataset(
     key = Hasher.hash([dataset._fingerprint, encoder_fingerprint(encoder), encoder.files_key(dataset)])
     cache_file = None
     if cache_dir is not None:
-        os.makedirs(cache_dir, exist_ok=True)
-        cache_file = str(Path(cache_dir) / f"supervised-{key}.arrow")
+        cache_dir = expand_path(cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache_file = str(cache_dir / f"supervised-{key}.arrow")
     # Encode before shuffling so an error names the row in the order the sources were given.
     encoded = dataset.map(
         encode_batch,

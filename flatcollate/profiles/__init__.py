@@ -4,7 +4,7 @@ examples can draw realistic batches without the data. Named profiles ship in `da
 
 Each public name is imported from its module on first use, so listing the names loads no numpy or torch.
 
-Imports from flatcollate: `_conventions`, `_lazy`.
+Imports from flatcollate: `_conventions`, `_lazy`, `_paths`.
 """
 
 from .._lazy import lazy_exports

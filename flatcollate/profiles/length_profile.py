@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from .._paths import expand_path
 
 GROWTH = 1.15
 """Ratio between consecutive bin edges above the exact one-token bins."""
@@ -130,7 +131,7 @@ class LengthProfile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the profile as a compact JSON file."""
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
+        expand_path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
 
 
 def _as_lengths(values, *, field: str) -> np.ndarray:

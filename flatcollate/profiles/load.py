@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .._conventions import IGNORE_INDEX
+from .._paths import expand_path
 from .length_profile import LengthProfile
 from .names import PROFILES_DIR, available_profiles
 
@@ -77,7 +78,7 @@ def load_profile(name_or_path: str | os.PathLike | LengthProfile) -> LengthProfi
     text = os.fspath(name_or_path)
     if text in available_profiles():
         return _profile_from_dict(json.loads((PROFILES_DIR / f"{text}.json").read_text()), origin=text)
-    path = Path(text)
+    path = expand_path(text)
     if path.is_dir():
         return _profile_from_dataset(path)
     if path.is_file():

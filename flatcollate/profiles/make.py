@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._paths import expand_path
 from .length_profile import LengthProfile
 from .names import PAIR_PROFILES_DIR, PROFILES_DIR
 from .pair_profile import pair_profile_from_transcripts
@@ -69,8 +70,10 @@ def make_pair_profiles(shared_data: Path, out_dir: Path = PAIR_PROFILES_DIR) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shared_data", type=Path, help="folder holding lengths/*.json, datasets/ and tokenizers/")
-    parser.add_argument("--out-dir", type=Path, default=PROFILES_DIR)
+    parser.add_argument(
+        "shared_data", type=expand_path, help="folder holding lengths/*.json, datasets/ and tokenizers/"
+    )
+    parser.add_argument("--out-dir", type=expand_path, default=PROFILES_DIR)
     args = parser.parse_args()
     paths = make_profiles(args.shared_data, args.out_dir) + make_pair_profiles(args.shared_data, args.out_dir / "pairs")
     for path in paths:

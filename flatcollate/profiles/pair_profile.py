@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from .._paths import expand_path
 from .names import PAIR_PROFILES_DIR, available_pair_profiles
 
 PAIR_FORMAT = "flatcollate.pair_lengths/1"
@@ -95,7 +95,7 @@ class PairProfile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the profile as a compact JSON file."""
-        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
+        expand_path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")) + "\n")
 
 
 def load_pair_profile(name_or_path: str | os.PathLike) -> PairProfile:
@@ -105,7 +105,7 @@ def load_pair_profile(name_or_path: str | os.PathLike) -> PairProfile:
     True
     """
     text = os.fspath(name_or_path)
-    path = PAIR_PROFILES_DIR / f"{text}.json" if text in available_pair_profiles() else Path(text)
+    path = PAIR_PROFILES_DIR / f"{text}.json" if text in available_pair_profiles() else expand_path(text)
     if not path.is_file():
         raise ValueError(
             f"Unknown pair profile {text!r}: not a named one ({', '.join(available_pair_profiles())}) and no file "

@@ -14,7 +14,7 @@ modeling, data, ...) never imports this package; `check`, `bench` and `synthetic
 
 Each public name is imported from its module on first use.
 
-Imports from flatcollate: `_lazy`.
+Imports from flatcollate: `_lazy`, `_paths`.
 """
 
 from .._lazy import lazy_exports

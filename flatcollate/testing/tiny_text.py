@@ -8,6 +8,8 @@ import os
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from .._paths import expand_path
+
 # Sizes small enough for CPU tests while keeping GQA (4 query heads over 2 key/value heads) and several layers.
 TINY_SIZES = {
     "hidden_size": 64,
@@ -48,7 +50,8 @@ def load_config(model: str | os.PathLike) -> PretrainedConfig:
     >>> load_config("llama").hidden_size
     4096
     """
-    return AutoConfig.from_pretrained(model) if os.path.isdir(model) else AutoConfig.for_model(str(model))
+    path = expand_path(model)
+    return AutoConfig.from_pretrained(path) if path.is_dir() else AutoConfig.for_model(str(model))
 
 
 def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> PretrainedConfig:
