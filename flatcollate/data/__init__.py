@@ -1,7 +1,7 @@
 """Data pipeline: raw examples to tokens and labels, bin packing, packed datasets and token-budget batches.
 
 Imports from flatcollate: `flatcollate` (its version), `_conventions`, `_lazy`, `_paths`, `boundaries`,
-`collate`.
+`collate`, `profiles` (the padded batches packing is compared with).
 """
 
 from .dataset import PackedDataset, pack_dataset

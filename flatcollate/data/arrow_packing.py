@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..boundaries import cu_seqlens_to_position_ids
+from ..profiles.load import padded_batches
 from .columns import (
     describe_left_out,
     drop_empty_rows,
@@ -112,7 +113,8 @@ def pack_table(
     pack_tokens = np.diff(pack_offsets)
     num_tokens = int(piece_len.sum())
     n = len(lengths)
-    unpacked_padding = int(n * pack_len - num_tokens)
+    batch_size = max(1, round(len(piece) / num_packs)) if num_packs else 1  # the baseline: a pack's sequences
+    unpacked_padding = int(padded_batches(piece, batch_size=batch_size)[1].sum()) - num_tokens if n else 0
     packed_padding = int(num_packs * pack_len - num_tokens)
     stats = PackingStats(
         num_sequences=n,
@@ -126,6 +128,7 @@ def pack_table(
         min_pack_tokens=int(pack_tokens.min()) if num_packs else 0,
         mean_sequences_per_pack=len(piece) / num_packs if num_packs else 0.0,
         padding_tokens_unpacked=unpacked_padding,
+        padded_batch_size=batch_size,
         padding_tokens_packed=packed_padding,
         padding_saved=unpacked_padding - packed_padding,
         overlong=overlong,

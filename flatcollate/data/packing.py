@@ -40,7 +40,10 @@ OVERLONG = ("error", "truncate", "split")
 class PackingStats:
     """What packing did: counts, fill and padding, over-long sequences, and what happened to each column.
 
-    `fill` is real tokens over `num_packs * pack_len`; `padding_saved` compares with one sequence per row of `pack_len`.
+    `fill` is real tokens over `num_packs * pack_len`. `padding_saved` compares the packs, each padded to `pack_len`,
+    with what runs without packing: the sequences in data order, `padded_batch_size` at a time (as many as a pack holds
+    on average, rounded), each mini-batch padded to its longest (`padding_tokens_unpacked`), as `flatcollate bench`
+    pads its batches; negative when the packs pad more.
     `carried_columns` were packed token by token, `folded_masks` folded into `labels`, `dropped_columns` left out (not
     per token, or an all-ones `attention_mask`), `vision_columns` kept whole, one entry per packed example
     (`data.vision_packing`). `num_sequences` counts the sequences packed; `num_empty` the empty rows dropped.
@@ -57,6 +60,7 @@ class PackingStats:
     min_pack_tokens: int
     mean_sequences_per_pack: float
     padding_tokens_unpacked: int
+    padded_batch_size: int
     padding_tokens_packed: int
     padding_saved: int
     overlong: str
@@ -73,13 +77,16 @@ class PackingStats:
         return asdict(self)
 
     def __str__(self) -> str:
+        saved = self.padding_saved
+        saving = f"{saved:,} saved" if saved >= 0 else f"{-saved:,} more when packed"
         lines = [
             f"{self.num_sequences:,} sequences ({self.num_tokens:,} tokens) -> {self.num_packs:,} packs of "
             f"<= {self.pack_len} tokens ({self.strategy})",
             f"fill {self.fill:.4%}, mean pack {self.mean_pack_tokens:.1f} tokens (min {self.min_pack_tokens}, max "
             f"{self.max_pack_tokens}), {self.mean_sequences_per_pack:.2f} sequences per pack",
-            f"padding {self.padding_tokens_packed:,} tokens packed vs {self.padding_tokens_unpacked:,} with one "
-            f"sequence per row: {self.padding_saved:,} saved",
+            f"padding {self.padding_tokens_packed:,} tokens packed vs {self.padding_tokens_unpacked:,} in padded "
+            f"mini-batches of {self.padded_batch_size} sequence{'s' * (self.padded_batch_size > 1)} (a pack's mean, in "
+            f"data order, each padded to its longest): {saving}",
             f"over-long: {self.num_overlong} ({self.overlong}; {self.num_split_pieces} extra pieces, "
             f"{self.num_truncated_tokens:,} tokens truncated)",
         ]

@@ -48,9 +48,39 @@ def test_every_sequence_once_and_unchanged(strategy, seed):
     assert stats.num_tokens == lengths.sum()
     assert stats.fill == pytest.approx(lengths.sum() / (len(packed) * pack_len))
     assert stats.dropped_columns == ("id",)
-    assert stats.padding_saved == (len(ds) - len(packed)) * pack_len
+    assert stats.padding_saved == stats.padding_tokens_unpacked - stats.padding_tokens_packed
+    assert stats.padding_tokens_unpacked == padded_batch_padding(lengths, stats.padded_batch_size)
     row_tokens = [len(r) for r in packed["input_ids"]]
     assert (stats.min_pack_tokens, stats.max_pack_tokens) == (min(row_tokens), max(row_tokens))
+
+
+def padded_batch_padding(lengths, batch_size: int) -> int:
+    """Slow reference: padding of the sequences batched `batch_size` at a time in data order, each batch padded to its
+    longest sequence."""
+    batches = [lengths[i : i + batch_size] for i in range(0, len(lengths), batch_size)]
+    return sum(len(batch) * max(batch) - sum(batch) for batch in batches)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "pack_len", "batch_size", "unpacked", "packed"),
+    [
+        ([5, 2, 3, 6, 4], 8, 2, 6, 4),  # packs [2 6] [5 3] [4]; batches [5 2] [3 6] [4]: 3 + 3 padding tokens
+        ([5], 8, 1, 0, 3),  # one sequence: its own batch has no padding, its pack 3
+        ([1] * 50, 7, 6, 0, 6),  # many tiny: 8 packs, 6.25 sequences each
+        ([8, 8], 8, 1, 0, 0),  # exactly the limit
+    ],
+)
+def test_padding_saved_is_against_padded_batches_of_a_packs_size(lengths, pack_len, batch_size, unpacked, packed):
+    """The baseline is what runs without packing: mini-batches of as many sequences as a pack holds on average, in
+    data order, each padded to its longest; not every sequence padded to `pack_len`, which inflates the saving."""
+    stats = pack_dataset(make_rows(lengths), pack_len, return_stats=True)[1]
+    assert stats.padded_batch_size == batch_size == max(1, round(len(lengths) / stats.num_packs))
+    assert stats.padding_tokens_unpacked == unpacked == padded_batch_padding(lengths, batch_size)
+    assert (stats.padding_tokens_packed, stats.padding_saved) == (packed, unpacked - packed)
+    baseline = f"{unpacked:,} in padded mini-batches of {batch_size} sequence{'s' * (batch_size > 1)}"
+    assert baseline in str(stats) and "one sequence per row" not in str(stats)
+    saving = f"{unpacked - packed:,} saved" if unpacked >= packed else f"{packed - unpacked:,} more when packed"
+    assert str(stats).splitlines()[2].endswith(saving)
 
 
 @pytest.mark.parametrize(
