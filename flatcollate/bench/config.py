@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 MODES = ("padded", "padded_max", "hf_flattened", "flattened", "packed")
 """Benchmark modes, in the order they are reported."""
 
+OWN_BATCHES = {"packed": "other batches (whole packs, one step each)"}
+"""Modes that train on batches of their own, with what they train on: their losses follow another curve than the
+modes that train the padded batches' sequences step by step."""
+
 PEER_MODE = "hf_flattened"
 """transformers' own padding-free path: its `DataCollatorWithFlattening` and the model's `sdpa`, no flatcollate."""
 

@@ -7,7 +7,7 @@ start without it (`options.check_plotting`), naming what to install.
 
 from pathlib import Path
 
-from .config import PEER_MODE
+from .config import OWN_BATCHES, PEER_MODE
 
 INSTALL = 'pip install "flatcollate[bench]"'
 
@@ -52,13 +52,15 @@ def plot_throughput(result: dict, path: Path, *, title: str) -> None:
 
 
 def plot_losses(result: dict, path: Path) -> None:
-    """Loss per optimizer step of every mode; padded and flattened must lie on top of each other."""
-    fig = Figure(figsize=(6, 4))
+    """Loss per optimizer step of every mode; padded and flattened must lie on top of each other, and a mode that
+    trains on batches of its own (`OWN_BATCHES`: packed) says so in its legend entry."""
+    fig = Figure(figsize=(6, 5))
     ax = fig.subplots()
     styles = {"padded": ("-", 4), "flattened": ("--", 2)}
     for mode, row in result["modes"].items():
         style, width = styles.get(mode, (":", 1.5))
-        ax.plot(range(1, len(row["losses"]) + 1), row["losses"], style, linewidth=width, marker="o", label=mode)
+        label = f"{mode}: {OWN_BATCHES[mode]}, so another curve" if mode in OWN_BATCHES else mode
+        ax.plot(range(1, len(row["losses"]) + 1), row["losses"], style, linewidth=width, marker="o", label=label)
     equivalence = result["loss_equivalence"]
     title = "loss per optimizer step"
     if equivalence:
@@ -67,7 +69,7 @@ def plot_losses(result: dict, path: Path) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize="small", frameon=False)  # under the curves
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
