@@ -95,6 +95,7 @@ def pack_dataset(
     overlong: str = "error",
     empty: str = "drop",
     shuffle_seed: int | None = None,
+    max_images_per_pack: int | None = None,
     batch_size: int = 1000,
     return_stats: bool = False,
 ) -> AnyDataset | tuple[AnyDataset, PackingStats]:
@@ -125,6 +126,9 @@ def pack_dataset(
             `PackingStats.num_empty` (`"drop"`, as TRL does), or raise naming the row (`"error"`).
         shuffle_seed (`int`, *optional*): shuffle the order of packed rows (of each chunk, for a stream); best-fit
             decreasing opens packs longest sequence first.
+        max_images_per_pack (`int`, *optional*): most images (and videos) in one pack of image-text rows, counted
+            by the rows of their per-image fields (`image_grid_thw`, `image_sizes`, ...): the vision tower runs every
+            image of a pack at once, so `pack_len` alone does not bound its memory. Packs over it are split.
         batch_size (`int`, *optional*, defaults to 1000): rows per chunk of an `IterableDataset`.
         return_stats (`bool`, *optional*, defaults to `False`): also return the `PackingStats` (a dict of them for a
             `DatasetDict`); a stream has none before it is read, so it raises for an `IterableDataset`.
@@ -150,6 +154,10 @@ def pack_dataset(
     """
     _check_options(pack_len, batch_size, strategy=strategy, overlong=overlong, empty=empty)
     options = {"strategy": strategy, "overlong": overlong, "empty": empty, "shuffle_seed": shuffle_seed}
+    if max_images_per_pack is not None:
+        if isinstance(max_images_per_pack, bool) or not isinstance(max_images_per_pack, int) or max_images_per_pack < 1:
+            raise ValueError(f"max_images_per_pack must be a positive int, got {max_images_per_pack!r}.")
+        options["max_images_per_pack"] = max_images_per_pack
     if isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
         splits = {
             name: pack_dataset(split, pack_len, batch_size=batch_size, return_stats=return_stats, **options)

@@ -76,6 +76,78 @@ def check_overlong_images(
         )
 
 
+PER_IMAGE_ROWS = ("image_grid_thw", "video_grid_thw", "image_sizes", "spatial_shapes")
+"""Vision fields with one row per image (or video) of an example, whatever the family: what `images_per_row` counts."""
+
+
+def images_per_row(table: pa.Table, names: list[str]) -> np.ndarray:
+    """`(num_rows,)` int64 images (and videos) of every row: the rows of its per-image fields (`PER_IMAGE_ROWS`).
+
+    Raises:
+        `ValueError`: the rows have vision fields but none with one row per image (`pixel_values` alone lays out
+            images, tiles or patches by family), naming them.
+
+    >>> table = pa.table({"image_grid_thw": [[[1, 4, 4], [1, 2, 2]], None, [[1, 2, 4]]]})
+    >>> images_per_row(table, ["image_grid_thw"]).tolist()
+    [2, 0, 1]
+    """
+    grids = [name for name in PER_IMAGE_ROWS[:2] if name in names]  # images and videos of grid families
+    counted = grids or [name for name in PER_IMAGE_ROWS[2:] if name in names][:1]
+    if not counted:
+        raise ValueError(
+            "max_images_per_pack counts each row's images by a field with one row per image "
+            f"({', '.join(PER_IMAGE_ROWS)}); these rows have {', '.join(names) or 'no vision fields'}, whose first "
+            "dimension is images, tiles or patches depending on the family. Leave max_images_per_pack out, or keep "
+            "such a field in the rows."
+        )
+    counts = np.zeros(table.num_rows, dtype=np.int64)
+    for name in counted:
+        counts += pc.fill_null(pc.list_value_length(one_array(table[name])), 0).to_numpy().astype(np.int64)
+    return counts
+
+
+def cap_images(pack_of: np.ndarray, images: np.ndarray, max_images: int, *, first_row: int = 0) -> np.ndarray:
+    """Pack ids with every pack holding at most `max_images` images: a pack over the cap is split into new packs
+    (first-fit decreasing on its examples' images; its tokens already fit, and so do a subset's).
+
+    Args:
+        pack_of (`np.ndarray` of shape `(E,)`, int64): the pack of every example (`packing.pack_ids`).
+        images (`np.ndarray` of shape `(E,)`, int64): images of every example (`images_per_row`).
+        max_images (`int`): most images in one pack.
+        first_row (`int`, *optional*, defaults to 0): number of the first example in messages.
+
+    Returns:
+        `np.ndarray` of shape `(E,)`, int64: pack ids, those of packs within the cap unchanged, new ones after them.
+
+    Raises:
+        `ValueError`: an example with more images than `max_images`, naming it.
+
+    >>> cap_images(np.array([0, 0, 0, 1]), np.array([2, 1, 2, 1]), 3).tolist()
+    [0, 0, 2, 1]
+    """
+    over = np.flatnonzero(images > max_images)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(
+            f"row {first_row + i} carries {images[i]} images > max_images_per_pack {max_images}; an example is never "
+            "cut. Raise max_images_per_pack, or filter such rows out."
+        )
+    pack_of = np.array(pack_of, dtype=np.int64)
+    totals = np.bincount(pack_of, weights=images, minlength=int(pack_of.max(initial=-1)) + 1)
+    next_pack = len(totals)
+    for pack in np.flatnonzero(totals > max_images):  # one pass per pack over the cap; the bin packing needs a loop
+        members = np.flatnonzero(pack_of == pack)
+        room: list[int] = []  # images left in each sub-pack; the first keeps the pack's id
+        for member in members[np.argsort(-images[members], kind="stable")]:
+            slot = next((k for k, left in enumerate(room) if left >= images[member]), len(room))
+            if slot == len(room):
+                room.append(max_images)
+            room[slot] -= int(images[member])
+            pack_of[member] = pack if slot == 0 else next_pack + slot - 1
+        next_pack += len(room) - 1
+    return pack_of
+
+
 def gather_examples(column: pa.ChunkedArray, order: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """Packs of whole per-example values: pack `p` holds `column[order[offsets[p]:offsets[p + 1]]]`.
 

@@ -152,3 +152,30 @@ def test_the_token_budget_counts_image_placeholders(encoded, processors):  # noq
     sampler = TokenBudgetBatchSampler.from_dataset(packed, batch_size=1, max_tokens=int(lengths.max()))
     assert sampler.lengths.tolist() == [sum(row) for row in packed["seq_lengths"]]
     assert sampler.lengths.sum() == lengths.sum()
+
+
+def test_max_images_per_pack_bounds_the_images_of_every_pack(encoded, processors):  # noqa: F811
+    """The vision tower runs every image of a pack at once: with `max_images_per_pack`, no pack holds more images
+    (`image_grid_thw` rows) than the cap, every example is packed once with its images, and packs stay within
+    `pack_len`. Without the cap (the control) the same packing puts more images in some pack."""
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    images = np.array([0 if grid is None else len(grid) for grid in encoded["image_grid_thw"]])
+    pack_len, cap = int(lengths.sum()), int(images.max())
+    assert cap >= 2
+    free = pack_dataset(encoded, pack_len)
+    assert max(sum(len(g or []) for g in pack) for pack in free["image_grid_thw"]) > cap
+    packed, stats = pack_dataset(encoded, pack_len, max_images_per_pack=cap, return_stats=True)
+    per_pack = [sum(len(g or []) for g in pack) for pack in packed["image_grid_thw"]]
+    assert max(per_pack) <= cap and sum(per_pack) == images.sum()
+    assert sorted(n for row in packed["seq_lengths"] for n in row) == sorted(lengths.tolist())
+    assert max(sum(row) for row in packed["seq_lengths"]) <= pack_len and stats.num_packs == len(packed)
+    for pack in packed:  # each example's placeholders still meet its own grids
+        ids, start = np.asarray(pack["input_ids"]), 0
+        for n, grid in zip(pack["seq_lengths"], pack["image_grid_thw"], strict=True):
+            expected = 0 if grid is None else int(np.prod(grid, axis=-1).sum()) // 4
+            assert int((ids[start : start + n] == processors["qwen2_vl"].image_token_id).sum()) == expected
+            start += n
+    stream = pack_dataset(encoded.to_iterable_dataset(), pack_len, max_images_per_pack=cap, batch_size=4)
+    assert max(sum(len(g or []) for g in pack["image_grid_thw"]) for pack in stream) <= cap
+    with pytest.raises(ValueError, match=rf"row \d+ carries {cap} images > max_images_per_pack {cap - 1}"):
+        pack_dataset(encoded, pack_len, max_images_per_pack=cap - 1)
