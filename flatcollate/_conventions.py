@@ -16,8 +16,17 @@ NP_IDS_DTYPE = np.int64
 NP_CU_SEQLENS_DTYPE = np.int32
 
 STATE_ATTRIBUTE = "_flatcollate"
-"""The one attribute flatcollate sets on objects it prepares: a model's `PreparedState`, a wrapped layer's part, a
-hooked module's hook, a patched function's original, a tensor's carried `Boundaries`."""
+"""The one attribute flatcollate sets, on prepared models only: the model's `PreparedState`."""
+
+BOUNDARIES_KEY = "flat_boundaries"
+"""Keyword argument under which a prepared model's forward hands its one `Boundaries` to every layer."""
+
+SP_CONTEXT_KEY = "sequence_parallel"
+"""Keyword argument under which a sequence-parallel model's forward hands every attention layer its group."""
+
+HOST_BOUNDARIES_KEY = "cu_seq_lens_host"
+"""Keyword argument holding the forward's `cu_seq_lens` as a CPU int32 tensor (the guard's one host copy), for the
+opaque kernel a compiled model calls, where no Python object reaches."""
 
 FLASH_KWARG_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 """Keys a flattening collator emits so attention kernels never recompute boundaries."""

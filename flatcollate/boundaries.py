@@ -11,8 +11,8 @@ their lengths::
     attention      causal inside each sequence, never across `|`
 
 The numpy functions are the collators' edge. `Boundaries` is what a model's forward runs with: built once per forward
-from the batch and carried by the tensors it was read from (`carry`), so every layer gets the same object, whose host
-copy and other views are computed once. No loop over tokens: `cumsum`, `repeat` and `diff`.
+by the guard and handed to every layer in the forward's keyword arguments (`BOUNDARIES_KEY`), or, for layers that
+take none, in `flatcollate.forward_slot`; its views are computed once. No loop over tokens: `cumsum`, `repeat`, `diff`.
 """
 
 from collections.abc import Callable
@@ -22,8 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._conventions import CU_SEQLENS_DTYPE, FLASH_KWARG_KEYS, IDS_DTYPE, IGNORE_INDEX, NP_CU_SEQLENS_DTYPE, NP_IDS_DTYPE
-from ._conventions import STATE_ATTRIBUTE as _CARRIED  # on a tensor: `(its version, the Boundaries read from it)`
+from ._conventions import (
+    BOUNDARIES_KEY,
+    CU_SEQLENS_DTYPE,
+    FLASH_KWARG_KEYS,
+    IDS_DTYPE,
+    IGNORE_INDEX,
+    NP_CU_SEQLENS_DTYPE,
+    NP_IDS_DTYPE,
+)
 
 
 def lengths_to_cu_seqlens(lengths: np.ndarray) -> np.ndarray:
@@ -133,7 +140,7 @@ class Boundaries:
         total (`int`, *optional*): number of tokens, `cu_seqlens[-1]`, as a Python int (read when not given).
 
     Views (`host`, `starts`, `position_ids`, `seq_idx`, `chunked`, ...) are computed once per object: build one per
-    forward and hand it to every layer (`carry`), never one per layer.
+    forward and hand it to every layer (`kwargs()`), never one per layer.
 
     >>> b = Boundaries.from_position_ids(torch.tensor([[0, 1, 2, 0, 0, 1, 2, 3]]))
     >>> b.host, b.max_length, b.position_ids().tolist(), b.seq_idx.tolist()
@@ -145,24 +152,22 @@ class Boundaries:
     total: int | None = None
     _views: dict = field(default_factory=dict, repr=False)
 
-    def __post_init__(self):  # one host sync where `total` is not given; the constructors below know it
+    def __post_init__(self):  # one host sync where `total` is not given; the constructors know it
         object.__setattr__(self, "total", int(self.cu_seqlens[-1]) if self.total is None else self.total)
 
     @classmethod
     def from_lengths(cls, lengths, *, device: torch.device | None = None) -> "Boundaries":
         """From the length of each sequence (a list or `(N,)` integer array / tensor)."""
         cu = lengths_to_cu_seqlens(np.asarray(lengths, dtype=NP_IDS_DTYPE))
-        boundaries = cls(torch.from_numpy(cu).to(device), max_length(cu), int(cu[-1]))
-        boundaries.view("host", lambda _: cu.tolist())  # known here: no copy from the device
-        return boundaries
+        return cls(torch.from_numpy(cu).to(device), max_length(cu), int(cu[-1])).with_host(cu.tolist())
 
     @classmethod
     def from_starts(cls, starts: torch.Tensor) -> "Boundaries":
-        """From `(T,)` bool sequence starts (True at token 0 and wherever a sequence begins; one host sync)."""
-        flat_starts = torch.nonzero(starts).reshape(-1)
-        total = torch.tensor([starts.numel()], device=starts.device, dtype=flat_starts.dtype)
-        cu_seqlens = torch.cat([flat_starts, total]).to(CU_SEQLENS_DTYPE)
-        return cls(cu_seqlens, int(cu_seqlens.diff().max()) if starts.numel() else 0, starts.numel())
+        """From `(T,)` bool sequence starts (True at token 0 and wherever one begins): one `nonzero`, one copy."""
+        total = torch.tensor([starts.numel()], device=starts.device)
+        cu_seqlens = torch.cat([torch.nonzero(starts).reshape(-1), total]).to(CU_SEQLENS_DTYPE)
+        host = cls.copy_to_host(cu_seqlens)  # the one copy, which gives the longest sequence too
+        return cls(cu_seqlens, max_length(np.asarray(host)), starts.numel()).with_host(host)
 
     @classmethod
     def from_position_ids(cls, position_ids: torch.Tensor) -> "Boundaries":
@@ -182,15 +187,16 @@ class Boundaries:
 
     @classmethod
     def from_kwargs(cls, kwargs: dict, *, rows: int, length: int, device: torch.device | None = None) -> "Boundaries":
-        """The boundaries of a forward's keyword arguments over `rows` x `length` tokens: the object the forward
-        carries (`carry`), else the collator's `cu_seq_lens_q/k` and `max_length_q/k`, else restarting `position_ids`,
-        else `seq_idx`, else ordinary rows of one sequence each. `ValueError` for arguments that disagree."""
+        """The boundaries of a forward's keyword arguments over `rows` x `length` tokens: the forward's own `Boundaries`
+        (`BOUNDARIES_KEY`, which the guard passes beside the `cu_seq_lens_q/k` it was read from), else explicit
+        `cu_seq_lens_q/k` and `max_length_q/k`, else restarting `position_ids`, else `seq_idx`, else ordinary rows of
+        one sequence each. Explicit `cu_seq_lens` other than the forward's own always win. `ValueError` for arguments
+        that disagree."""
         cu_q, cu_k, position_ids = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k"), kwargs.get("position_ids")
         total = rows * length
-        for tensor in (cu_q, cu_k, position_ids):
-            carried = carried_by(tensor)
-            if carried is not None and carried.total == total:
-                return carried
+        own = kwargs.get(BOUNDARIES_KEY)
+        if own is not None and own.total == total and (cu_q is None or cu_q is own.cu_seqlens):
+            return own
         if cu_q is None:
             cu_q = cu_k
         if cu_q is not None:
@@ -215,15 +221,6 @@ class Boundaries:
             return cls.from_seq_idx(kwargs["seq_idx"].to(device))
         return cls.for_rows(rows, length, device)
 
-    def carry(self, *tensors: torch.Tensor | None) -> "Boundaries":
-        """Attach these boundaries to the tensors they were read from (or that describe them), for the rest of the
-        forward: `from_kwargs` then returns this object instead of deriving another. A tensor changed in place since
-        (its `_version`) carries nothing."""
-        for tensor in tensors:
-            if isinstance(tensor, torch.Tensor) and not tensor.is_inference():  # no version counter to check
-                setattr(tensor, _CARRIED, (tensor._version, self))
-        return self
-
     def view(self, name: str, build: Callable[["Boundaries"], Any]) -> Any:
         """A view of these boundaries computed once, `build(self)`, kept under `name` (e.g. a kernel's plan)."""
         if name not in self._views:
@@ -233,7 +230,17 @@ class Boundaries:
     @property
     def host(self) -> list[int]:
         """`cu_seqlens` as Python ints, copied to the host once (paths that slice per sequence need them)."""
-        return self.view("host", lambda b: b.cu_seqlens.tolist())
+        return self.view("host", lambda b: Boundaries.copy_to_host(b.cu_seqlens))
+
+    @staticmethod
+    def copy_to_host(cu_seqlens: torch.Tensor) -> list[int]:
+        """`cu_seqlens` as Python ints: the one place boundaries are copied from the device to the host."""
+        return cu_seqlens.tolist()
+
+    def with_host(self, host: list[int]) -> "Boundaries":
+        """These boundaries with their `host` view given (values already on the host: no copy from the device)."""
+        self._views["host"] = host
+        return self
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -291,9 +298,3 @@ class Boundaries:
             return Boundaries(torch.cat([starts, cu[-1:]]).to(CU_SEQLENS_DTYPE), min(b.max_length, chunk), b.total)
 
         return self.view(f"chunked {chunk}", build)
-
-
-def carried_by(tensor: Any) -> Boundaries | None:
-    """The `Boundaries` a tensor carries (`Boundaries.carry`), or None (not a tensor, none, or changed since)."""
-    entry = getattr(tensor, _CARRIED, None) if isinstance(tensor, torch.Tensor) and not tensor.is_inference() else None
-    return entry[1] if entry is not None and entry[0] == tensor._version else None

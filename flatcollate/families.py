@@ -230,6 +230,16 @@ FAMILIES: dict[str, Family] = {
 
 _NOTHING = Family()
 
+MIXER_CLASSES = frozenset(name for family in FAMILIES.values() for name in family.mixers)
+"""Class names of every state-carrying layer the registry knows: a module whose class or any base class has one of
+these names is such a layer, whatever the model's `model_type` (a subclass registered under a name of its own, an
+edited config)."""
+
+
+def is_mixer(module: Any) -> bool:
+    """Whether `module` is a state-carrying layer the registry knows, by its class and its base classes."""
+    return any(cls.__name__ in MIXER_CLASSES for cls in type(module).__mro__)
+
 
 def family_of(config_or_model_type: Any) -> Family:
     """The record of a family.
@@ -238,8 +248,11 @@ def family_of(config_or_model_type: Any) -> Family:
     language model's (`config.get_text_config()`): an image-text model built on `qwen3_5_text` or `lfm3` has that
     model's state-carrying `mixers`.
 
+    A model gives its config's record completed by those of the classes it is built from (`_family_of_model`).
+
     Args:
-        config_or_model_type (`str` or `PretrainedConfig`): a `model_type` (`"qwen2_vl"`), or a model's config.
+        config_or_model_type (`str`, `PretrainedConfig` or `PreTrainedModel`): a `model_type` (`"qwen2_vl"`), a
+            model's config, or the model.
 
     Returns:
         `Family`: the record; `Family()` (nothing special) for a family not in `FAMILIES`.
@@ -250,6 +263,8 @@ def family_of(config_or_model_type: Any) -> Family:
     """
     if isinstance(config_or_model_type, str):
         return FAMILIES.get(config_or_model_type, _NOTHING)
+    if hasattr(config_or_model_type, "config") and hasattr(type(config_or_model_type), "config_class"):
+        return _family_of_model(config_or_model_type)
     config = config_or_model_type
     own = FAMILIES.get(getattr(config, "model_type", ""), _NOTHING)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -262,3 +277,23 @@ def family_of(config_or_model_type: Any) -> Family:
 
 def _own_or(own: Any, language: Any, default: Any) -> Any:
     return language if own == default else own
+
+
+def _merged(records: list[Family]) -> Family:
+    """Field by field, the first record's value that is not the default."""
+    merged = _NOTHING
+    for record in records:
+        if record is not _NOTHING:
+            merged = record if merged is _NOTHING else Family(
+                **{f.name: _own_or(getattr(merged, f.name), getattr(record, f.name), f.default) for f in fields(merged)}
+            )
+    return merged
+
+
+def _family_of_model(model: Any) -> Family:
+    """A model's record: its config's (with its language model's, as `family_of(config)`), completed by the record of
+    every class the model's class derives from (`config_class.model_type`). What a model is, not only what its config
+    calls it: a subclass registered under a `model_type` of its own (`trust_remote_code`), or a config whose
+    `model_type` was edited, still has the records of the classes it is built from."""
+    types = [getattr(getattr(cls, "config_class", None), "model_type", None) for cls in type(model).__mro__]
+    return _merged([family_of(model.config), *(FAMILIES.get(name, _NOTHING) for name in types if name)])

@@ -81,3 +81,92 @@ def without_matplotlib(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "flatcollate.bench.plots", raising=False)
     monkeypatch.delattr(flatcollate.bench, "plots", raising=False)
+
+
+@pytest.fixture(scope="session")
+def per_sequence():
+    """The one per-sequence reference of model-level proofs: `per_sequence(model, sequences)` runs every `(L,)` id
+    tensor through `model` on its own (a batch of one, the model numbering its own positions, no cache) and returns
+    `(logits, loss, grads)`: logits `(1, sum L, V)` in sequence order, the mean next-token loss over every sequence's
+    own tokens (each predicts only inside its sequence), and the gradients of that loss by parameter name."""
+    import torch
+
+    from flatcollate.check.runs import gradients
+
+    def run(model, sequences, *, backward: bool = True):
+        model.zero_grad(set_to_none=True)
+        logits, total, count = [], 0.0, 0
+        for ids in sequences:
+            out = model(input_ids=ids[None], use_cache=False)
+            total = total + torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[1:], reduction="sum")
+            count += len(ids) - 1
+            logits.append(out.logits)
+        loss = total / count
+        if backward:
+            loss.backward()
+        return torch.cat(logits, dim=1).detach(), loss.detach(), gradients(model) if backward else {}
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def assert_exact():
+    """`assert_exact(got, expected)` for two `(logits, loss, grads)`: every entry within 1e-5 (fp32 on the CPU)."""
+    import torch
+
+    def check(got, expected, atol: float = 1e-5):
+        torch.testing.assert_close(got[0], expected[0], atol=atol, rtol=0, msg="logits")
+        torch.testing.assert_close(got[1], expected[1], atol=atol, rtol=0, msg="loss")
+        assert got[2].keys() == expected[2].keys()
+        for name, grad in expected[2].items():
+            torch.testing.assert_close(got[2][name], grad, atol=atol, rtol=0, msg=name)
+
+    return check
+
+
+@pytest.fixture
+def host_syncs(monkeypatch):
+    """`with host_syncs() as seen: ...` counts what flatcollate's own code does inside the block that would make a CUDA
+    device wait for the host: each copy of a tensor's values to Python (`tolist`; `item`, `int()`, `bool()` as
+    `scalar`) and each op whose output size depends on data (`nonzero`). `seen` is a `collections.Counter` by kind;
+    CPU tensors stand in for device tensors. What transformers does in the same forward is not counted."""
+    import collections
+    import contextlib
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = collections.Counter()
+    library = str(Path(__file__).resolve().parents[1] / "flatcollate")
+
+    def ours() -> bool:  # the nearest caller outside torch is flatcollate (not transformers' own mask builders)
+        for frame in reversed(traceback.extract_stack()[:-2]):
+            if "/torch/" not in frame.filename and frame.filename != __file__:
+                return frame.filename.startswith(library)
+        return False
+
+    sync_ops = {torch.ops.aten._local_scalar_dense.default: "scalar", torch.ops.aten.nonzero.default: "nonzero"}
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in sync_ops and ours():
+                seen[sync_ops[func]] += 1
+            return func(*args, **(kwargs or {}))
+
+    original = torch.Tensor.tolist
+
+    def tolist(tensor):
+        seen["tolist"] += ours()
+        return original(tensor)
+
+    @contextlib.contextmanager
+    def counting():
+        monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+        try:
+            with Counting():
+                yield seen
+        finally:
+            monkeypatch.setattr(torch.Tensor, "tolist", original)
+
+    return counting

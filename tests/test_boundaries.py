@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from flatcollate.boundaries import Boundaries, carried_by, cu_seqlens_to_position_ids, next_token_labels
+from flatcollate._conventions import BOUNDARIES_KEY
+from flatcollate.boundaries import Boundaries, cu_seqlens_to_position_ids, next_token_labels
+from flatcollate.forward_slot import enter_forward, forward_slot, leave_forward, run_with_slot, saved_slot
 
 generator = np.random.default_rng(7)
 MIXES = [[1], [5], [1, 1, 1, 1], [3, 1, 4], [97, 1, 33, 2], generator.integers(1, 40, 25).tolist()]
@@ -83,21 +85,37 @@ def test_views_are_computed_once_per_object():
     assert builds == [1]
 
 
-def test_a_carried_object_is_handed_on_until_its_tensor_changes():
-    positions = torch.tensor([[0, 1, 2, 0, 1]])
-    boundaries = Boundaries.from_position_ids(positions).carry(positions)
-    assert Boundaries.from_kwargs({"position_ids": positions}, rows=1, length=5) is boundaries
-    positions[0, 3] = 3  # changed in place: the carried boundaries no longer describe it
-    assert carried_by(positions) is None
-    derived = Boundaries.from_kwargs({"position_ids": positions}, rows=1, length=5)
-    assert derived is not boundaries and derived.host == [0, 4, 5]  # read again from the changed positions
+def test_the_forwards_own_object_is_handed_on_beside_its_cu_seq_lens():
+    own = Boundaries.from_lengths([3, 2])
+    assert Boundaries.from_kwargs({**own.kwargs(), BOUNDARIES_KEY: own}, rows=1, length=5) is own
+    assert Boundaries.from_kwargs({BOUNDARIES_KEY: own, "position_ids": torch.arange(5)[None]}, rows=1, length=5) is own
 
 
-def test_a_carried_object_for_other_tokens_is_not_taken():
-    positions = torch.tensor([[0, 1, 2]])
-    Boundaries.from_position_ids(positions).carry(positions)
-    shared = Boundaries.from_kwargs({"position_ids": positions}, rows=2, length=3)  # (1, T) shared by two rows
+def test_explicit_cu_seq_lens_other_than_the_forwards_own_win():
+    own = Boundaries.from_lengths([3, 2])
+    explicit = torch.tensor([0, 1, 5], dtype=torch.int32)
+    got = Boundaries.from_kwargs({BOUNDARIES_KEY: own, "cu_seq_lens_q": explicit}, rows=1, length=5)
+    assert got is not own and got.host == [0, 1, 5]
+    other_tokens = Boundaries.from_kwargs({BOUNDARIES_KEY: own}, rows=2, length=5)  # not this forward's tokens
+    assert other_tokens.host == [0, 5, 10]
+
+
+def test_a_row_of_positions_shared_by_two_rows():
+    shared = Boundaries.from_kwargs({"position_ids": torch.tensor([[0, 1, 2]])}, rows=2, length=3)
     assert shared.host == [0, 3, 6]
+
+
+def test_the_forward_slot_is_scoped_and_restored():
+    model, other = object(), object()
+    own = Boundaries.from_lengths([2, 2])
+    assert forward_slot() is None
+    token = enter_forward(model, own)
+    saved = saved_slot()
+    assert forward_slot() is own and forward_slot(model) is own and forward_slot(other) is None
+    leave_forward(token)
+    assert forward_slot() is None
+    assert run_with_slot(saved, forward_slot, model) is own  # a recompute sees its forward's value
+    assert forward_slot() is None
 
 
 def test_ordinary_rows_and_arguments_that_disagree():

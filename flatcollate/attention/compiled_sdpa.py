@@ -4,11 +4,11 @@ The kernel reads the row's boundaries on the host (`Boundaries.host`, `group_pla
 of similar lengths: its code depends on the data. Traced by dynamo, every layer would break the graph at the host
 copy and the first batch's plan would be baked into the graph. As a custom operator the whole kernel is one node whose
 output has the query's shape, so the compiled model is one graph for every batch, and the kernel runs eagerly inside
-it, where the layers of a forward share one host copy of the boundaries (the `Boundaries` the guard built is carried
-by the `cu_seq_lens` tensor, which the graph hands to every layer unchanged)::
+it, where the layers of a forward share the guard's one host copy of the boundaries, which the graph hands every layer
+as a CPU tensor (`HOST_BOUNDARIES_KEY`) beside `cu_seq_lens` (forward and recomputing backward alike)::
 
     eager     layer: q, k, v -> sdpa_kernel(q, k, v, boundaries)              (one Boundaries per forward)
-    compiled  layer: q, k, v -> flatcollate::packed_sdpa(q, k, v, cu_seqlens, ...)   one node; runs sdpa_kernel
+    compiled  layer: q, k, v -> flatcollate::packed_sdpa(q, k, v, cu_seqlens, host, ...)   one node; runs sdpa_kernel
 
 The backward recomputes the kernel's forward under autograd (as activation checkpointing does, for attention only):
 an operator cannot hand the autograd graph of its eager inside to the compiled graph. Dropout would then draw other
@@ -16,25 +16,35 @@ random numbers in the recomputation, so the compiled path refuses it.
 
 >>> q, k, v = torch.randn(5, 2, 4), torch.randn(5, 2, 4), torch.randn(5, 2, 4)
 >>> cu = torch.tensor([0, 3, 5], dtype=torch.int32)  # two sequences: 3 and 2 tokens
->>> out = packed_sdpa(q, k, v, cu, None, 3, 0.5, None, None, None, None)
->>> alone = packed_sdpa(q[3:], k[3:], v[3:], torch.tensor([0, 2], dtype=torch.int32), None, 2, 0.5, None, None, None,
-...                     None)
+>>> out = packed_sdpa(q, k, v, cu, None, None, 3, 0.5, None, None, None, None)
+>>> alone = packed_sdpa(q[3:], k[3:], v[3:], torch.tensor([0, 2], dtype=torch.int32), None, None, 2, 0.5, None, None,
+...                     None, None)
 >>> torch.allclose(out[3:], alone)  # the second sequence never sees the first
 True
 """
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .._conventions import HOST_BOUNDARIES_KEY
 from ..boundaries import Boundaries
+from ..boundaries import max_length as _max_length
 from .kernels import sdpa_kernel
 
 
-def _attention(query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk):
-    """`sdpa_kernel` on `(T, H, D)` inputs, with the boundaries the backend would have derived in eager mode."""
-    kwargs = {"cu_seq_lens_q": cu_seqlens, "max_length_q": max_length, "position_ids": position_ids}
-    length = query.shape[0] if position_ids is None else position_ids.shape[-1]
-    boundaries = Boundaries.from_kwargs(kwargs, rows=query.shape[0] // max(length, 1), length=length)
+def _attention(
+    query, key, value, cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks, chunk
+):
+    """`sdpa_kernel` on `(T, H, D)` inputs, with the boundaries the backend would have derived in eager mode (their
+    host copy read from `cu_seqlens_host`, the guard's, where it is given: no copy from the device)."""
+    if cu_seqlens is not None and cu_seqlens_host is not None:
+        host = cu_seqlens_host.tolist()  # already on the host
+        boundaries = Boundaries(cu_seqlens, max_length or _max_length(np.asarray(host)), host[-1]).with_host(host)
+    else:
+        kwargs = {"cu_seq_lens_q": cu_seqlens, "max_length_q": max_length, "position_ids": position_ids}
+        length = query.shape[0] if position_ids is None else position_ids.shape[-1]
+        boundaries = Boundaries.from_kwargs(kwargs, rows=query.shape[0] // max(length, 1), length=length)
     if chunk is not None:
         boundaries = boundaries.chunked(chunk)
     return sdpa_kernel(
@@ -48,6 +58,7 @@ def packed_sdpa(
     key: Tensor,
     value: Tensor,
     cu_seqlens: Tensor | None,
+    cu_seqlens_host: Tensor | None,
     position_ids: Tensor | None,
     max_length: int | None,
     scale: float,
@@ -68,11 +79,13 @@ def packed_sdpa(
     Returns:
         `torch.Tensor` of shape `(T, Hq, D)`.
     """
-    return _attention(query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk)
+    return _attention(
+        query, key, value, cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks, chunk
+    )
 
 
 @packed_sdpa.register_fake
-def _(query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk):
+def _(query, key, value, cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks, chunk):
     return query.new_empty(query.shape[0], query.shape[1], value.shape[-1])
 
 
@@ -90,6 +103,7 @@ def packed_sdpa_backward(
     key: Tensor,
     value: Tensor,
     cu_seqlens: Tensor | None,
+    cu_seqlens_host: Tensor | None,
     position_ids: Tensor | None,
     max_length: int | None,
     scale: float,
@@ -108,13 +122,16 @@ def packed_sdpa_backward(
         inputs.append(sinks.detach().requires_grad_())
     with _autograd_inside_operator(), torch.enable_grad():
         sinks = inputs[3] if sinks is not None else None
-        out = _attention(*inputs[:3], cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk)
+        out = _attention(
+            *inputs[:3], cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks, chunk
+        )
     grads = list(torch.autograd.grad(out, inputs, grad))
     return grads if sinks is not None else [*grads, query.new_empty(0)]
 
 
 @packed_sdpa_backward.register_fake
-def _(grad, query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk):
+def _(grad, query, key, value, cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks,
+      chunk):
     return [
         torch.empty_like(query),
         torch.empty_like(key),
@@ -124,18 +141,21 @@ def _(grad, query, key, value, cu_seqlens, position_ids, max_length, scale, wind
 
 
 def _setup_context(ctx, inputs, output):
-    query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk = inputs
-    ctx.save_for_backward(query, key, value, cu_seqlens, position_ids, sinks)
+    query, key, value, cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks, chunk = (
+        inputs
+    )
+    ctx.save_for_backward(query, key, value, cu_seqlens, cu_seqlens_host, position_ids, sinks)
     ctx.options = (max_length, scale, window, softcap, chunk)
 
 
 def _backward(ctx, grad):
-    query, key, value, cu_seqlens, position_ids, sinks = ctx.saved_tensors
+    query, key, value, cu_seqlens, cu_seqlens_host, position_ids, sinks = ctx.saved_tensors
     max_length, scale, window, softcap, chunk = ctx.options
     d_query, d_key, d_value, d_sinks = packed_sdpa_backward(
-        grad, query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk
+        grad, query, key, value, cu_seqlens, cu_seqlens_host, position_ids, max_length, scale, window, softcap, sinks,
+        chunk,
     )
-    return d_query, d_key, d_value, None, None, None, None, None, None, d_sinks if sinks is not None else None, None
+    return d_query, d_key, d_value, *[None] * 7, d_sinks if sinks is not None else None, None
 
 
 packed_sdpa.register_autograd(_backward, setup_context=_setup_context)
@@ -155,6 +175,9 @@ def compiled_sdpa_kernel(query, key, value, kwargs: dict, *, scale, window, soft
             "`attention_dropout=0.0`, or train this model without `torch.compile`."
         )
     cu_seqlens = kwargs.get("cu_seq_lens_q")
+    host = kwargs.get(HOST_BOUNDARIES_KEY) if cu_seqlens is not None else None
     max_length = kwargs.get("max_length_q") if cu_seqlens is not None else None
     position_ids = kwargs.get("position_ids") if cu_seqlens is None else None
-    return packed_sdpa(query, key, value, cu_seqlens, position_ids, max_length, scale, window, softcap, sinks, chunk)
+    return packed_sdpa(
+        query, key, value, cu_seqlens, host, position_ids, max_length, scale, window, softcap, sinks, chunk
+    )

@@ -1,6 +1,6 @@
 """Making models safe for flattened batches: backend selection, family support, mask patches and the argument guard.
 
-Imports from flatcollate: `_conventions`, `boundaries`, `families`, `attention`.
+Imports from flatcollate: `_conventions`, `boundaries`, `forward_slot`, `families`, `attention`.
 """
 
 from .guard import is_flattened

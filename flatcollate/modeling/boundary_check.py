@@ -37,15 +37,31 @@ def token_count(arguments: dict, positions: torch.Tensor | None = None) -> tuple
     )
 
 
-def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """Index of the first token where two start masks differ, or None when they agree (one host sync)."""
-    differ = torch.nonzero(a != b)
-    return int(differ[0, 0]) if differ.numel() else None
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`(1,)` int64 on the device: the first token where two start masks differ, or -1 where they agree (no sync)."""
+    differ = a != b
+    return torch.where(differ.any(), differ.to(torch.int64).argmax(), -1).reshape(1)
 
 
-def check_cu_seqlens(arguments: dict, total: int, device: torch.device, *, ranks: int = 1) -> Boundaries:
+def starts_of(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """`(total,)` bool: True where `cu_seqlens` `(N + 1,)` starts a sequence, computed on the device without a sync
+    (indices clamped, so malformed boundaries give a wrong mask, never an error: they are refused on the host)."""
+    starts = torch.zeros(total, dtype=torch.bool, device=cu_seqlens.device)
+    return starts.index_fill_(0, cu_seqlens[:-1].long().clamp(0, max(total - 1, 0)), True)
+
+
+def check_cu_seqlens(
+    arguments: dict,
+    total: int,
+    device: torch.device,
+    *,
+    ranks: int = 1,
+    compare: dict[str, torch.Tensor] | None = None,
+) -> tuple[Boundaries, dict[str, int]]:
     """The `Boundaries` of `cu_seq_lens_q` after checking it against the batch (`total` tokens on each of `ranks`),
-    `cu_seq_lens_k` and `max_length_q/k`: one host copy, kept as the boundaries' `host` view."""
+    `cu_seq_lens_k` and `max_length_q/k`, with the first token where each start mask of `compare` (`(T,)` bool, by
+    name) disagrees with them (-1 where it agrees): everything read back in one host copy, kept as the boundaries'
+    `host` view."""
     cu_q, cu_k = arguments.get("cu_seq_lens_q"), arguments.get("cu_seq_lens_k")
     if cu_q is None:
         cu_q = cu_k
@@ -54,7 +70,22 @@ def check_cu_seqlens(arguments: dict, total: int, device: torch.device, *, ranks
             f"`cu_seq_lens_q` must be a 1-D integer tensor `[0, ..., total_tokens]`, got shape {tuple(cu_q.shape)} "
             f"and dtype {cu_q.dtype}; build it with `flatcollate.DataCollatorWithFlattening`."
         )
-    bounds = cu_q.tolist()
+    separate_k = cu_k is not None and cu_k is not cu_q
+    if separate_k and cu_k.shape != cu_q.shape:
+        raise ValueError(
+            f"`cu_seq_lens_k` {tuple(cu_k.shape)} differs from `cu_seq_lens_q` {tuple(cu_q.shape)}; a flattened "
+            "training batch attends within each sequence only, so both must hold the same boundaries."
+        )
+    # A copy on the device: a buffer the caller refills in place later cannot change this forward's boundaries.
+    cu = cu_q.to(device=device, dtype=CU_SEQLENS_DTYPE, copy=True)
+    starts = starts_of(cu, total * ranks)
+    compare = compare or {}
+    parts = [cu.long(), *([cu_k.to(device).long()] if separate_k else [])]
+    parts += [first_difference(mask.to(device), starts) for mask in compare.values()]
+    values = Boundaries.copy_to_host(torch.cat(parts))  # the one host copy of this forward's boundaries
+    count = cu_q.numel()
+    bounds = values[:count]
+    firsts = dict(zip(compare, values[len(values) - len(compare) :], strict=True))
     if bounds[0] != 0 or bounds[-1] != total * ranks:
         on_ranks = f" on each of {ranks} ranks" if ranks > 1 else ""
         raise ValueError(
@@ -66,7 +97,7 @@ def check_cu_seqlens(arguments: dict, total: int, device: torch.device, *, ranks
         raise ValueError(
             f"`cu_seq_lens_q` must be strictly increasing (every sequence at least one token), got {bounds[:12]}."
         )
-    if cu_k is not None and cu_k is not cu_q and (cu_k.shape != cu_q.shape or not torch.equal(cu_k.cpu(), cu_q.cpu())):
+    if separate_k and values[count : 2 * count] != bounds:
         raise ValueError(
             "`cu_seq_lens_k` differs from `cu_seq_lens_q`; a flattened training batch attends within each sequence "
             "only, so both must hold the same boundaries."
@@ -80,19 +111,21 @@ def check_cu_seqlens(arguments: dict, total: int, device: torch.device, *, ranks
                 f"would read past it. Pass `{key}={longest}` (the collator computes it)."
             )
     given = arguments.get("max_length_q") or arguments.get("max_length_k")
-    cu = cu_q.to(device=device, dtype=CU_SEQLENS_DTYPE)
-    boundaries = Boundaries(cu, longest if given is None else int(given), bounds[-1])
-    boundaries.view("host", lambda _: bounds)  # the one host copy of this forward
-    return boundaries
+    boundaries = Boundaries(cu, longest if given is None else int(given), bounds[-1]).with_host(bounds)
+    boundaries.view("starts", lambda _: starts)
+    return boundaries, firsts
 
 
-def check_boundaries(arguments: dict, positions: torch.Tensor | None) -> FlatBatch:
+def check_boundaries(
+    arguments: dict, positions: torch.Tensor | None, *, restarting: Boundaries | None = None
+) -> FlatBatch:
     """The `Boundaries` of a flattened batch, after refusing boundary arguments that disagree, and its positions.
 
     Args:
         arguments (`dict`): the forward's arguments; reads `input_ids` / `inputs_embeds`, `cu_seq_lens_q/k`,
             `max_length_q/k` and `seq_idx` `(B, T)`.
         positions (`torch.Tensor` of shape `(B, T)`, *optional*): the batch's text positions.
+        restarting (`Boundaries`, *optional*): the boundaries of `positions`, where the caller read them already.
 
     Returns:
         `FlatBatch`: the boundaries, and the positions (restarting at 0 at every boundary, `derived`, when the batch
@@ -100,40 +133,62 @@ def check_boundaries(arguments: dict, positions: torch.Tensor | None) -> FlatBat
 
     Raises:
         `ValueError` naming the argument that disagrees and the first token where it does.
+
+    With `cu_seq_lens`, every check reads back in one host copy (`check_cu_seqlens`); from restarting positions or
+    `seq_idx` alone, the boundaries take one `nonzero` and one copy.
     """
     rows, length, device = token_count(arguments, positions)
     total = rows * length
-    boundaries, source = None, None
-    if arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None:
-        boundaries, source = check_cu_seqlens(arguments, total, device), "cu_seq_lens_q"
     seq_idx = arguments.get("seq_idx")
-    if seq_idx is not None:
-        if seq_idx.numel() != total:
-            raise ValueError(f"`seq_idx` has {seq_idx.numel()} entries but the batch holds {total} tokens.")
-        if boundaries is None:
-            boundaries, source = Boundaries.from_seq_idx(seq_idx.to(device)), "seq_idx"
-        elif (token := _first_difference(position_starts(seq_idx.to(device), step=0), boundaries.starts)) is not None:
-            raise ValueError(
-                f"`seq_idx` and `cu_seq_lens_q` disagree on where sequences start (first at token {token}); collate "
-                "the batch with `flatcollate.DataCollatorWithFlattening`, which derives both from the same lengths."
-            )
-    if boundaries is None:  # restarting positions are the batch's only boundaries
-        return FlatBatch(Boundaries.from_position_ids(positions.to(device)), positions)
+    cu_given = arguments.get("cu_seq_lens_q") is not None or arguments.get("cu_seq_lens_k") is not None
+    if seq_idx is not None and seq_idx.numel() != total and not cu_given:
+        raise ValueError(f"`seq_idx` has {seq_idx.numel()} entries but the batch holds {total} tokens.")
+    fits = positions is None or (positions.dim() <= 2 and positions.numel() == total)
+    if not cu_given:
+        _refuse_shape(fits, positions, rows, length, "the boundaries")
+        if seq_idx is None:  # restarting positions are the batch's only boundaries
+            if restarting is None:
+                restarting = Boundaries.from_position_ids(positions.to(device))
+            return FlatBatch(restarting, positions)
+        boundaries = Boundaries.from_seq_idx(seq_idx.to(device))
+        if positions is None:
+            return FlatBatch(boundaries, boundaries.position_ids().reshape(rows, length), derived=True)
+        token = int(first_difference(position_starts(positions.to(device)), boundaries.starts))  # a second sync
+        refuse_other_starts(token, boundaries.starts, "seq_idx")
+        return FlatBatch(boundaries, positions)
+    compare = {}
+    if seq_idx is not None and seq_idx.numel() == total:
+        compare["seq_idx"] = position_starts(seq_idx.to(device), step=0)
+    if positions is not None and fits:
+        compare["position_ids"] = position_starts(positions.to(device))
+    boundaries, firsts = check_cu_seqlens(arguments, total, device, compare=compare)
+    if seq_idx is not None and seq_idx.numel() != total:  # after the boundaries' own checks, which name more
+        raise ValueError(f"`seq_idx` has {seq_idx.numel()} entries but the batch holds {total} tokens.")
+    if firsts.get("seq_idx", -1) >= 0:
+        raise ValueError(
+            f"`seq_idx` and `cu_seq_lens_q` disagree on where sequences start (first at token {firsts['seq_idx']}); "
+            "collate the batch with `flatcollate.DataCollatorWithFlattening`, which derives both from the same "
+            "lengths."
+        )
     if positions is None:
         return FlatBatch(boundaries, boundaries.position_ids().reshape(rows, length), derived=True)
-    if positions.dim() > 2 or positions.numel() != total:
-        raise ValueError(
-            f"`position_ids` of shape {tuple(positions.shape)} cannot be checked against `{source}` for a batch "
-            f"of {rows} x {length} tokens: flattened batches take text positions of shape (batch, sequence_length)."
-        )
-    refuse_other_starts(position_starts(positions.to(device)), boundaries.starts, source)
+    _refuse_shape(fits, positions, rows, length, "`cu_seq_lens_q`")
+    refuse_other_starts(firsts["position_ids"], boundaries.starts, "cu_seq_lens_q")
     return FlatBatch(boundaries, positions)
 
 
-def refuse_other_starts(observed: torch.Tensor, starts: torch.Tensor, source: str) -> None:
-    """Raise where positions restart (`observed`) at other tokens than the boundaries start sequences (`starts`)."""
-    token = _first_difference(observed, starts)
-    if token is not None:
+def _refuse_shape(fits: bool, positions: torch.Tensor, rows: int, length: int, source: str) -> None:
+    if not fits:
+        raise ValueError(
+            f"`position_ids` of shape {tuple(positions.shape)} cannot be checked against {source} for a batch of "
+            f"{rows} x {length} tokens: flattened batches take text positions of shape (batch, sequence_length)."
+        )
+
+
+def refuse_other_starts(token: int, starts: torch.Tensor, source: str) -> None:
+    """Raise where positions restart at other tokens than the boundaries start sequences: `token` is the first
+    token where they differ (`first_difference`), -1 where they agree; `starts` `(T,)` the boundaries' starts."""
+    if token >= 0:
         happens = "a sequence starts there but the positions go on" if starts[token] else "they restart inside one"
         raise ValueError(
             f"`position_ids` do not restart where `{source}` starts sequences (first at token {token}: {happens}). "
@@ -141,3 +196,72 @@ def refuse_other_starts(observed: torch.Tensor, starts: torch.Tensor, source: st
             "(`DataCollatorWithFlattening(return_position_ids=True)`) or leave `position_ids` out, and flatcollate "
             "derives them from the boundaries."
         )
+
+
+def packed_under_mask(positions: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether a row with a 2-D `attention_mask` `(B, T)` holds packed sequences: positions `(B, T)` restart between
+    two attended tokens, or an integer mask of sequence ids changes id between them. Left padding (positions
+    restarting only where the mask goes from 0 to 1) is not packing.
+
+    >>> packed_under_mask(torch.tensor([[0, 1, 0, 1]]), torch.tensor([[1, 1, 1, 1]]))
+    True
+    >>> packed_under_mask(torch.tensor([[1, 1, 0, 1]]), torch.tensor([[0, 0, 1, 1]]))  # left padding
+    False
+    """
+    rows, length = positions.shape
+    restarts = position_starts(positions).reshape(rows, length)[:, 1:]
+    attended = mask != 0
+    inside = attended[:, 1:] & attended[:, :-1]
+    return bool((inside & (restarts | (mask[:, 1:] != mask[:, :-1]))).any())
+
+
+def check_mask(positions: torch.Tensor, mask: torch.Tensor) -> None:
+    """Refuse a 2-D `attention_mask` `(B, T)` whose zeros or ids do not say where a packed row's sequences are.
+
+    Mask zeros are padding when they lie before, between or after sequences: the first attended token after them
+    starts a sequence (its position does not continue the last attended token's). An integer mask of sequence ids
+    (1, 1, 2, 2, 2, 0 ...) must change id exactly where positions restart. Anything else (zeros inside a sequence,
+    ids and positions that disagree) is ambiguous: `ValueError` naming the row and token.
+    """
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(
+                "`attention_mask` of a flattened row must hold 0/1 or integer sequence ids, got non-integer values; "
+                "pass a 2-D integer mask or none (the flattening collators emit none)."
+            )
+        mask = mask.long()
+    rows, length = positions.shape
+    attended = mask != 0
+    index = torch.arange(length, device=mask.device).expand(rows, length)
+    last = torch.cummax(torch.where(attended, index, -1), dim=1).values[:, :-1]  # last attended token before t
+    opens = attended[:, 1:] & ~attended[:, :-1] & (last >= 0)
+    before = positions.gather(1, last.clamp(min=0))
+    after = positions[:, 1:]
+    continues = (after == before + 1) | (after == before + (index[:, 1:] - last))
+    problem = _first_true(opens & continues)
+    if problem is not None:
+        row, token = problem
+        raise ValueError(
+            f"`attention_mask` has zeros inside a sequence of this flattened batch (row {row}, token {token}): the "
+            "positions go on through them, so they are neither padding between sequences nor a boundary. Put padding "
+            "only before, between or after sequences (positions restarting after it), or pass no mask: the "
+            "flattening collators need none."
+        )
+    if mask.max() <= 1:
+        return
+    inside = attended[:, 1:] & attended[:, :-1]
+    restarts = position_starts(positions).reshape(rows, length)[:, 1:]
+    problem = _first_true(inside & (restarts != (mask[:, 1:] != mask[:, :-1])))
+    if problem is not None:
+        row, token = problem
+        raise ValueError(
+            f"`attention_mask` holds sequence ids that change where `position_ids` do not restart, or the reverse "
+            f"(row {row}, token {token}); the batch does not say where that sequence starts. Number positions from 0 "
+            "in every sequence, as `flatcollate.DataCollatorWithFlattening` does."
+        )
+
+
+def _first_true(found: torch.Tensor) -> tuple[int, int] | None:
+    """`(row, token)` of the first True of `(B, T - 1)` pairs `(t - 1, t)`, as token `t`; None when none (one sync)."""
+    hits = torch.nonzero(found)
+    return (int(hits[0, 0]), int(hits[0, 1]) + 1) if hits.numel() else None

@@ -10,11 +10,10 @@ vision tower removes them. Each tower then runs per image, as it does for a padd
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .._conventions import FLASH_KWARG_KEYS
+from .._conventions import BOUNDARIES_KEY, FLASH_KWARG_KEYS, HOST_BOUNDARIES_KEY, SP_CONTEXT_KEY
 from ..attention.bidirectional_blocks import BLOCKS_KEY
-from .prepared_state import STATE_ATTRIBUTE
 
-TEXT_ROW_KEYS = (*FLASH_KWARG_KEYS, "seq_idx", BLOCKS_KEY)
+TEXT_ROW_KEYS = (*FLASH_KWARG_KEYS, "seq_idx", BLOCKS_KEY, BOUNDARIES_KEY, HOST_BOUNDARIES_KEY, SP_CONTEXT_KEY)
 """Arguments that describe the flattened text row; a vision tower never receives them."""
 
 
@@ -67,6 +66,6 @@ def isolate_vision_towers(model: PreTrainedModel) -> int:
     """Keep the text row's boundaries out of every vision tower (idempotent); returns how many towers it found."""
     towers = vision_towers(model)
     for tower in towers:
-        if vars(tower).get(STATE_ATTRIBUTE) is None:
-            vars(tower)[STATE_ATTRIBUTE] = tower.register_forward_pre_hook(_drop_text_row_keys, with_kwargs=True)
+        if _drop_text_row_keys not in tower._forward_pre_hooks.values():
+            tower.register_forward_pre_hook(_drop_text_row_keys, with_kwargs=True)
     return len(towers)

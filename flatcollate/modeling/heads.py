@@ -80,7 +80,32 @@ def warn_masked_first_labels(model: torch.nn.Module, arguments: dict, flat: Flat
     return {}
 
 
+def labels_inside_sequences(model: torch.nn.Module, arguments: dict, flat: FlatBatch | None) -> dict:
+    """Labels of a flattened batch that never predict across a boundary, whatever labels the batch brings.
+
+    A causal LM shifts labels inside the model: token `t` predicts `labels[t + 1]`, so the label on a sequence's first
+    token is what the previous sequence's last token would learn. It becomes -100 (in a new tensor; the batch is left
+    as it is), which is what the collator's `separator_id` does, so a batch with `labels = input_ids.clone()` trains
+    exactly as each sequence alone::
+
+        labels      [a0 a1 a2 | b0 b1]   ->   [a0 a1 a2 | -100 b1]     a2 no longer learns b0
+
+    Returns:
+        `{"labels": ...}` for a flattened batch with integer labels `(B, T)`, else `{}`.
+    """
+    labels = arguments.get("labels")
+    if flat is None or flat.sliced or not isinstance(labels, torch.Tensor) or labels.dtype.is_floating_point:
+        return {}
+    if labels.numel() != flat.boundaries.total:
+        return {}
+    starts = flat.boundaries.starts.to(labels.device).reshape(labels.shape)
+    return {"labels": labels.masked_fill(starts, IGNORE_INDEX)}
+
+
 def add_label_warning(model: torch.nn.Module) -> None:
-    """Register `warn_masked_first_labels` with the guard of a model whose head labels tokens in place."""
+    """Register the label rule of `model`'s head with its guard: labels kept inside their sequence for heads that
+    shift them (`labels_inside_sequences`), `warn_masked_first_labels` for heads that label tokens in place."""
     if labels_in_place(model):
         add_feature(model, Feature("masked first labels", changes=warn_masked_first_labels))
+    else:
+        add_feature(model, Feature("labels inside sequences", changes=labels_inside_sequences))

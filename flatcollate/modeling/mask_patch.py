@@ -10,42 +10,54 @@ Many modeling files (falcon, bloom, mpt, opt, xglm, biogpt, ...) call `create_ca
                                         x x x x .       . . . x .
                                         x x x x x       . . . x x
 
-The patch wraps the mask builders of that family's module: during a forward of a prepared model, a mask builder
-called without `position_ids` gets the forward's `position_ids` (and no model-made all-ones mask), so transformers'
-own packed-sequence detection builds the wanted mask. Models that were not prepared are untouched: the wrapper
-only acts for a config whose forward is in flight.
+The patch wraps the mask builders of that family's module (`PositionedMaskBuilder`): during a flattened forward of a
+prepared model, a mask builder called for that model's config without `position_ids` gets positions restarting at the
+forward's boundaries (read from the forward's slot, `flatcollate.boundaries.forward_slot`) and no model-made all-ones
+mask, so transformers' own packed-sequence detection builds the wanted mask. Every other call is passed on untouched.
 """
 
-import functools
+import inspect
 import sys
+from collections.abc import Callable
 
-import torch
 from transformers import PreTrainedModel
 
-from .prepared_state import STATE_ATTRIBUTE, state_of
+from ..forward_slot import saved_slot
 
 MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask")
 
-# id(config) -> position_ids of the forward in flight for a prepared model with that config.
-_IN_FLIGHT: dict[int, torch.Tensor] = {}
 
+class PositionedMaskBuilder:
+    """A mask builder of a modeling module, given the flattened forward's positions when its caller drops them.
 
-def _wrap(original):
-    @functools.wraps(original)
-    def with_positions(*args, **kwargs):
-        config = kwargs.get("config", args[0] if args else None)
-        position_ids = _IN_FLIGHT.get(id(config))
-        if position_ids is not None and kwargs.get("position_ids") is None and kwargs.get("past_key_values") is None:
+    Args:
+        original (`Callable`): the builder it wraps (`__wrapped__`).
+    """
+
+    def __init__(self, original: Callable):
+        self.__wrapped__ = original
+        self.__name__ = getattr(original, "__name__", type(self).__name__)
+        self.signature = inspect.signature(original)
+
+    def __call__(self, *args, **kwargs):
+        entry = saved_slot()
+        if entry is None:  # not inside a flattened forward of a prepared model: untouched
+            return self.__wrapped__(*args, **kwargs)
+        model, boundaries = entry
+        bound = self.signature.bind_partial(*args, **kwargs)
+        given = bound.arguments
+        config, embeds = given.get("config"), given.get("inputs_embeds")
+        ours = config is model.config or config is model.config.get_text_config()
+        dropped = given.get("position_ids") is None and given.get("past_key_values") is None
+        if ours and dropped and embeds is not None and embeds.shape[0] * embeds.shape[1] == boundaries.total:
             # The guard refuses user masks on flattened rows, so a mask here was made by the model (all ones).
-            kwargs = {**kwargs, "position_ids": position_ids, "attention_mask": None}
-        return original(*args, **kwargs)
-
-    setattr(with_positions, STATE_ATTRIBUTE, original)  # the builder it wraps
-    return with_positions
+            given["position_ids"] = boundaries.position_ids().reshape(embeds.shape[0], embeds.shape[1])
+            given["attention_mask"] = None
+        return self.__wrapped__(*bound.args, **bound.kwargs)
 
 
 def patch_mask_builders(model: PreTrainedModel) -> list[str]:
-    """Wrap the mask builders of `model`'s modeling module and track its forwards (idempotent).
+    """Wrap the mask builders of `model`'s modeling module (idempotent).
 
     Returns:
         Names of the mask builders wrapped in that module (empty when it uses none).
@@ -56,26 +68,7 @@ def patch_mask_builders(model: PreTrainedModel) -> list[str]:
         builder = getattr(module, name, None)
         if builder is None:
             continue
-        if not hasattr(builder, STATE_ATTRIBUTE):
-            setattr(module, name, _wrap(builder))
+        if not isinstance(builder, PositionedMaskBuilder):
+            setattr(module, name, PositionedMaskBuilder(builder))
         patched.append(name)
-    state = state_of(model, create=True)
-    if patched and not state.mask_hooks:
-        state.mask_hooks = (
-            model.register_forward_pre_hook(_remember_positions, with_kwargs=True),
-            model.register_forward_hook(_forget_positions, always_call=True),
-        )
     return patched
-
-
-def _remember_positions(model, args: tuple, kwargs: dict):
-    position_ids = kwargs.get("position_ids")
-    if kwargs.get("attention_mask") is not None or kwargs.get("past_key_values") is not None:
-        position_ids = None  # a caller's own mask or cache wins; the guard has already refused flattened rows
-    _IN_FLIGHT[id(model.config)] = position_ids
-    return None
-
-
-def _forget_positions(model, args, output):
-    _IN_FLIGHT.pop(id(model.config), None)
-    return None

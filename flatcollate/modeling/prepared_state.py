@@ -10,8 +10,8 @@ and family numberings register here, as transformers' `AttentionInterface` takes
                       -> Boundaries, built once (or by a feature: a sequence-parallel slice)
                       -> each feature's changes (3-D positions, image blocks, renumbered positions, mixers' rows)
 
-The same attribute marks what flatcollate attached to any other object: a wrapped layer's part, a hooked vision
-tower, a patched function's original, a tensor's carried `Boundaries`.
+No other object carries that attribute: per-forward data travels in the forward's keyword arguments and its slot
+(`flatcollate.boundaries.forward_slot`), never on tensors, layers or functions.
 """
 
 import inspect
@@ -24,6 +24,7 @@ import torch
 
 from .._conventions import STATE_ATTRIBUTE
 from ..boundaries import Boundaries
+from .mask_patch import PositionedMaskBuilder
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,8 @@ class PreparedState:
         in_force (`tuple`, *optional*): `(backend, patched mask builders)`, checked at every flattened forward.
         features (`list[Feature]`): what the parts of flatcollate add to the guard.
         checked (`bool`): the current call was checked by the guard's pre-hook.
+        tokens (`list`): one per forward in flight, to give the forward slot back its value when each ends.
         warned_labels (`bool`): the warning on masked first labels was given.
-        mask_hooks (`tuple`, *optional*): the hooks that hand positions to patched mask builders.
     """
 
     guard: Any = None
@@ -90,8 +91,8 @@ class PreparedState:
     in_force: tuple | None = None
     features: list[Feature] = field(default_factory=list)
     checked: bool = False
+    tokens: list = field(default_factory=list)
     warned_labels: bool = False
-    mask_hooks: tuple | None = None
 
 
 def state_of(model: torch.nn.Module, *, create: bool = False) -> PreparedState | None:
@@ -143,7 +144,7 @@ def check_in_force(model: torch.nn.Module) -> None:
             f"each such module a copy of its config on {backend!r}."
         )
     module = sys.modules[type(model).__module__]
-    lost = [name for name in patched if not hasattr(getattr(module, name, None), STATE_ATTRIBUTE)]
+    lost = [name for name in patched if not isinstance(getattr(module, name, None), PositionedMaskBuilder)]
     if lost:
         raise ValueError(
             f"{module.__name__}.{', '.join(lost)} is no longer the mask builder `prepare_model_for_flattening` patched "

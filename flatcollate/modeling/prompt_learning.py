@@ -20,7 +20,7 @@ import torch
 from torch.nn.modules.module import register_module_module_registration_hook
 
 from .guard import is_flattened
-from .prepared_state import STATE_ATTRIBUTE, state_of
+from .prepared_state import state_of
 
 METHOD_NAMES = {
     "PROMPT_TUNING": "prompt tuning",
@@ -62,9 +62,8 @@ def refuse_flattened_prompt_learning(wrapper: torch.nn.Module, args: tuple, kwar
 
 def guard_prompt_learning(wrapper: torch.nn.Module) -> None:
     """Put `refuse_flattened_prompt_learning` in front of `wrapper`'s forward (once)."""
-    if vars(wrapper).get(STATE_ATTRIBUTE) is None:
-        hook = wrapper.register_forward_pre_hook(refuse_flattened_prompt_learning, with_kwargs=True)
-        vars(wrapper)[STATE_ATTRIBUTE] = hook
+    if refuse_flattened_prompt_learning not in wrapper._forward_pre_hooks.values():
+        wrapper.register_forward_pre_hook(refuse_flattened_prompt_learning, with_kwargs=True)
 
 
 def _is_peft_model(module: torch.nn.Module) -> bool:

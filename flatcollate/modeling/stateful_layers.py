@@ -20,11 +20,12 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .._conventions import FLASH_KWARG_KEYS
-from ..families import family_of
-from .prepared_state import STATE_ATTRIBUTE, Feature, FlatBatch, add_feature, state_of
+from .._conventions import BOUNDARIES_KEY, FLASH_KWARG_KEYS, HOST_BOUNDARIES_KEY
+from ..families import is_mixer
+from ..forward_slot import forward_slot, run_with_slot, saved_slot
+from .prepared_state import Feature, FlatBatch, add_feature, state_of
 
-_ROW_ONLY_KEYS = frozenset({*FLASH_KWARG_KEYS, "seq_idx"})
+_ROW_ONLY_KEYS = frozenset({*FLASH_KWARG_KEYS, "seq_idx", BOUNDARIES_KEY, HOST_BOUNDARIES_KEY})
 """Keyword arguments that describe the whole row; a layer running on one sequence gets none of them."""
 
 
@@ -63,39 +64,38 @@ def _concat(outputs: list[Any], lengths: list[int], name: str, *, extra: bool = 
     raise ValueError(f"{name} returned a {type(first).__name__}; it cannot be run once per sequence.")
 
 
-class RowBounds:
-    """Boundaries of the flattened row the model is running now (`[0, ..., T]`), or None for an ordinary batch.
-
-    One object per prepared model: the guard sets it at every forward (`record`, a `Feature`'s changes) from the
-    batch's `Boundaries`, and its wrapped layers read it; `copy.deepcopy` of the model copies it once, so a copy never
-    reads the original's row.
-    """
-
-    __slots__ = ("bounds", "checkpointed")
-
-    def __init__(self, checkpointed: list[torch.nn.Module]):
-        self.bounds: list[int] | None = None
-        self.checkpointed = checkpointed
-
-    def record(self, model: torch.nn.Module, arguments: dict, flat: FlatBatch | None) -> dict:
-        """Keep the boundaries of this forward's row (None unless it holds several sequences)."""
-        bounds = None if flat is None or flat.sliced else flat.boundaries.host
-        self.bounds = bounds if bounds is not None and len(bounds) > 2 else None
-        if model.training:  # checkpointing may be switched on after prepare (Trainer does so in `train()`)
-            for layer in self.checkpointed:
-                checkpoint = getattr(layer, "_gradient_checkpointing_func", None)
-                if layer.gradient_checkpointing and checkpoint is not None and not hasattr(checkpoint, STATE_ATTRIBUTE):
-                    wrapped = functools.partial(_checkpoint_with_bounds, checkpoint, self)
-                    setattr(wrapped, STATE_ATTRIBUTE, self)
-                    layer._gradient_checkpointing_func = wrapped
-        return {}
+def keep_slot_for_recompute(model: torch.nn.Module, arguments: dict, flat: FlatBatch | None) -> dict:
+    """A `Feature`'s changes: in training, give every checkpointed layer a `_gradient_checkpointing_func` that saves
+    the forward's slot with the recomputed call (`_checkpoint_with_slot`). Checkpointing may be switched on after
+    prepare (Trainer does so in `train()`), so this runs at every forward; a layer is wrapped once."""
+    if model.training:
+        for layer in model.modules():
+            checkpoint = getattr(layer, "_gradient_checkpointing_func", None)
+            if not isinstance(layer, GradientCheckpointingLayer) or not layer.gradient_checkpointing:
+                continue
+            done = isinstance(checkpoint, functools.partial) and checkpoint.func is _checkpoint_with_slot
+            if checkpoint is None or done:
+                continue
+            layer._gradient_checkpointing_func = functools.partial(_checkpoint_with_slot, checkpoint)
+    return {}
 
 
-def _segmented_forward(module: torch.nn.Module, inner: Callable | None, hidden_states: torch.Tensor, *args, **kwargs):
-    """`module`'s forward, once per sequence of the current row (`inner` is a forward set on the instance before)."""
+def _segmented_forward(
+    module: torch.nn.Module,
+    owner: torch.nn.Module,
+    inner: Callable | None,
+    hidden_states: torch.Tensor,
+    *args,
+    **kwargs,
+):
+    """`module`'s forward, once per sequence of the flattened row `owner` (the prepared model) is running now, as
+    its forward's slot says (`inner` is a forward set on the instance before)."""
     forward = functools.partial(type(module).forward, module) if inner is None else inner
-    bounds = getattr(module, STATE_ATTRIBUTE).bounds
-    if bounds is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, bounds[-1]):
+    boundaries = forward_slot(owner)
+    if boundaries is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, boundaries.total):
+        return forward(hidden_states, *args, **kwargs)
+    bounds = boundaries.host
+    if len(bounds) <= 2:  # one sequence: nothing to keep apart
         return forward(hidden_states, *args, **kwargs)
     length = bounds[-1]
     kwargs = {key: value for key, value in kwargs.items() if key not in _ROW_ONLY_KEYS}
@@ -108,33 +108,26 @@ def _segmented_forward(module: torch.nn.Module, inner: Callable | None, hidden_s
     return _concat(outputs, lengths, type(module).__name__)
 
 
-def _replay_with_bounds(row: RowBounds, bounds: list[int] | None, function: Callable, *args, **kwargs):
-    """Run `function` (a checkpointed layer's forward) with the boundaries of the forward it belongs to."""
-    current, row.bounds = row.bounds, bounds
-    try:
-        return function(*args, **kwargs)
-    finally:
-        row.bounds = current
+def _checkpoint_with_slot(checkpoint: Callable, function: Callable, *args, **kwargs):
+    """A layer's `_gradient_checkpointing_func` that saves this forward's slot with the recomputed call.
 
-
-def _checkpoint_with_bounds(checkpoint: Callable, row: RowBounds, function: Callable, *args, **kwargs):
-    """A layer's `_gradient_checkpointing_func` that saves this forward's boundaries with the recomputed call.
-
-    Gradient checkpointing calls `function` again during backward, possibly after later forwards have changed
-    `row.bounds` (two forwards before one backward); the boundaries captured here travel with it.
+    Gradient checkpointing calls `function` again during backward, after the forward's slot was cleared, possibly
+    after later forwards (two forwards before one backward); the slot saved here travels with it.
     """
-    return checkpoint(functools.partial(_replay_with_bounds, row, row.bounds, function), *args, **kwargs)
+    return checkpoint(functools.partial(run_with_slot, saved_slot(), function), *args, **kwargs)
 
 
 def segment_mixers(model: PreTrainedModel) -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
 
-    Each wrapped layer's `forward` becomes `functools.partial(_segmented_forward, layer, ...)`, so copies of the model
-    run their own layers. Under gradient checkpointing, the boundaries of each forward are saved with the layer's
-    recomputation (`_checkpoint_with_bounds`), so two forwards before one backward stay exact.
+    The layers are found from the model's modules (`flatcollate.families.is_mixer`: a known mixer class or a subclass
+    of one), not from its `model_type`. Each wrapped layer's `forward` becomes `functools.partial(_segmented_forward,
+    layer, model, ...)`, which reads the boundaries of `model`'s forward in flight from the forward's slot; copies of
+    the model run their own layers. Under gradient checkpointing, each forward's slot is saved with the layer's
+    recomputation (`_checkpoint_with_slot`), so two forwards before one backward stay exact.
 
     Args:
-        model (`PreTrainedModel`): a model whose family (or its language model's) has `mixers` (`flatcollate.families`).
+        model (`PreTrainedModel`): the prepared top-level model.
 
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).
@@ -143,17 +136,12 @@ def segment_mixers(model: PreTrainedModel) -> int:
     >>> segment_mixers(tiny_causal_lm("mamba"))
     2
     """
-    names = family_of(model.config).mixers
     state = state_of(model, create=True)
-    if not names or any(feature.name == "state-carrying layers" for feature in state.features):
+    mixers = [module for module in model.modules() if is_mixer(module)]
+    if not mixers or any(feature.name == "state-carrying layers" for feature in state.features):
         return 0
-    row = RowBounds([m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)])
-    add_feature(model, Feature("state-carrying layers", changes=row.record))
-    wrapped = 0
-    for module in model.modules():
-        if type(module).__name__ in names:
-            inner = vars(module).get("forward")  # a forward already set on the instance keeps being called
-            setattr(module, STATE_ATTRIBUTE, row)
-            module.forward = functools.partial(_segmented_forward, module, inner)
-            wrapped += 1
-    return wrapped
+    add_feature(model, Feature("state-carrying layers", changes=keep_slot_for_recompute))
+    for module in mixers:
+        inner = vars(module).get("forward")  # a forward already set on the instance keeps being called
+        module.forward = functools.partial(_segmented_forward, module, model, inner)
+    return len(mixers)

@@ -19,15 +19,13 @@ import torch.distributed as dist
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from .._conventions import SP_CONTEXT_KEY
 from ..attention.dispatch import packed_attention_forward, packed_or_padded_mask
-from ..modeling.prepared_state import STATE_ATTRIBUTE
 from .all_to_all import heads_to_sequence, sequence_to_heads
 
 SP_ATTN_IMPLEMENTATION = "flatcollate_sp"
 """Backend name `prepare_model_for_sequence_parallel` selects."""
 
-CONTEXT_ATTRIBUTE = STATE_ATTRIBUTE
-"""Attribute of each attention layer holding its `SequenceParallelContext`."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,7 @@ def sequence_parallel_attention_forward(
     Returns:
         `(torch.Tensor of shape (1, T / P, Hq, D), None)`.
     """
-    context = getattr(module, CONTEXT_ATTRIBUTE, None)
+    context = kwargs.get(SP_CONTEXT_KEY)
     if not isinstance(context, SequenceParallelContext):
         raise ValueError(
             f"{type(module).__name__} runs the {SP_ATTN_IMPLEMENTATION!r} backend without a sequence-parallel group; "
@@ -115,7 +113,7 @@ def sequence_parallel_attention_forward(
         )
     size, group = context.size, context.group
     q, k, v = (sequence_to_heads(t[0].transpose(0, 1), group, size).transpose(0, 1)[None] for t in (query, key, value))
-    inner = {name: item for name, item in kwargs.items() if name != "position_ids"}  # local positions: not the row's
+    inner = {name: item for name, item in kwargs.items() if name not in ("position_ids", SP_CONTEXT_KEY)}  # local
     sinks = kwargs.get("s_aux")
     if sinks is not None:  # one learned logit per query head: keep this rank's heads
         inner["s_aux"] = sinks.reshape(size, -1)[context.rank]
@@ -131,11 +129,3 @@ def register_sequence_parallel_attention() -> str:
     AttentionInterface.register(SP_ATTN_IMPLEMENTATION, sequence_parallel_attention_forward)
     AttentionMaskInterface.register(SP_ATTN_IMPLEMENTATION, packed_or_padded_mask)
     return SP_ATTN_IMPLEMENTATION
-
-
-def attach_context(model: torch.nn.Module, context: SequenceParallelContext) -> int:
-    """Give every attention layer of `model` (a module with `is_causal`) the context; returns how many got it."""
-    layers = [module for module in model.modules() if hasattr(module, "is_causal") and module is not model]
-    for module in layers:
-        setattr(module, CONTEXT_ATTRIBUTE, context)
-    return len(layers)

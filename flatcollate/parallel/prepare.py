@@ -13,15 +13,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from transformers import PreTrainedModel
 
 from ..boundaries import position_starts
-from ..families import family_of
+from ..families import is_mixer
 from ..modeling import prepare_model_for_flattening, unsupported_reason
-from ..modeling.boundary_check import check_cu_seqlens, refuse_other_starts, token_count
+from ..modeling.boundary_check import check_cu_seqlens, first_difference, refuse_other_starts, token_count
 from ..modeling.composite import text_config_key
 from ..modeling.prepared_state import Feature, FlatBatch, add_feature, mark_in_force
 from ..modeling.support import takes_packed_backend
 from .attention import (
+    SP_CONTEXT_KEY,
     SequenceParallelContext,
-    attach_context,
     check_head_counts,
     register_sequence_parallel_attention,
 )
@@ -46,7 +46,7 @@ def rank_slice(shard: tuple[int, int], model: torch.nn.Module, arguments: dict) 
             f"{'' if cu_given else ' without `cu_seq_lens_q`'}. Split rows with "
             "`flatcollate.parallel.split_for_sequence_parallel`."
         )
-    boundaries = check_cu_seqlens(arguments, length, device, ranks=size)
+    boundaries, _ = check_cu_seqlens(arguments, length, device, ranks=size)
     part = slice(rank * length, (rank + 1) * length)
     offsets, starts = boundaries.position_ids()[part], boundaries.starts[part]
     position_ids = arguments.get("position_ids")
@@ -59,8 +59,13 @@ def rank_slice(shard: tuple[int, int], model: torch.nn.Module, arguments: dict) 
         )
     observed = position_starts(position_ids.to(device))
     observed[0] = starts[0] | (position_ids.reshape(-1)[0].to(device) < offsets[0])
-    refuse_other_starts(observed, starts, "cu_seq_lens_q")
+    refuse_other_starts(int(first_difference(observed, starts)), starts, "cu_seq_lens_q")
     return FlatBatch(boundaries, position_ids, sliced=True)
+
+
+def hand_group(context: SequenceParallelContext, model: torch.nn.Module, arguments: dict, flat: FlatBatch | None):
+    """A `Feature`'s changes: every flattened forward hands its attention layers the group, as a keyword argument."""
+    return {} if flat is None else {SP_CONTEXT_KEY: context}
 
 
 def sequence_parallel_mesh(sp_size: int, *, device_type: str = "cpu") -> DeviceMesh:
@@ -133,7 +138,7 @@ def prepare_model_for_sequence_parallel(
         )
     if why is None and not takes_packed_backend(base):
         why = "its attention layers do not dispatch through transformers' attention interface"
-    if why is None and family_of(model_type).mixers:
+    if why is None and any(is_mixer(module) for module in base.modules()):
         why = "its state-carrying layers pass a state along the row, which a slice per rank would cut"
     if why is not None:
         raise ValueError(
@@ -146,7 +151,13 @@ def prepare_model_for_sequence_parallel(
     prepare_model_for_flattening(base)
     base.set_attn_implementation(register_sequence_parallel_attention())
     mark_in_force(base)
-    if attach_context(base, SequenceParallelContext(group=group, rank=rank, size=size)) == 0:
-        raise ValueError(f"Found no attention layer (a module with `is_causal`) in {type(base).__name__}.")
-    add_feature(base, Feature("sequence parallel", boundaries=functools.partial(rank_slice, (rank, size))))
+    context = SequenceParallelContext(group=group, rank=rank, size=size)
+    add_feature(
+        base,
+        Feature(
+            "sequence parallel",
+            changes=functools.partial(hand_group, context),
+            boundaries=functools.partial(rank_slice, (rank, size)),
+        ),
+    )
     return model

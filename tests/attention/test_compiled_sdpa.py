@@ -22,10 +22,11 @@ def op_arguments(case: dict, *, from_positions: bool = False, chunk: int | None 
     (q, k, v), segments = make_inputs(LENGTHS, requires_grad=True, seed=len(case))
     sinks = torch.randn(q.shape[1], requires_grad=True) if case.get("sinks") else None
     cu, positions, longest = segments.cu_seqlens, None, segments.max_length
+    host = cu.clone()  # the guard's host copy, a CPU tensor
     if from_positions:
         positions = torch.from_numpy(cu_seqlens_to_position_ids(segments.cu_seqlens.numpy()))[None]
-        cu, longest = None, None
-    return (q, k, v, cu, positions, longest, 0.3, case.get("window"), case.get("softcap"), sinks, chunk)
+        cu, host, longest = None, None, None
+    return (q, k, v, cu, host, positions, longest, 0.3, case.get("window"), case.get("softcap"), sinks, chunk)
 
 
 @pytest.mark.parametrize("from_positions", [False, True], ids=["cu_seqlens", "position_ids"])

@@ -202,12 +202,16 @@ def test_a_call_without_boundaries_is_one_sequence_per_row_and_seq_idx_is_read()
 
 
 class CountingBoundaries:
-    """Counts what a forward derives: `Boundaries` built from positions or `seq_idx` (all go through `from_starts`)
-    and views computed (a host copy is the view `host`)."""
+    """Counts what a forward derives: `Boundaries` built from positions or `seq_idx` (all go through `from_starts`),
+    views computed, and copies of boundaries to the host (`Boundaries.copy_to_host`, the one place)."""
 
     def __init__(self, monkeypatch):
-        self.derived, self.views = 0, collections.Counter()
-        from_starts, view = Boundaries.from_starts.__func__, Boundaries.view
+        self.derived, self.views, self.host_copies = 0, collections.Counter(), 0
+        from_starts, view, copy = Boundaries.from_starts.__func__, Boundaries.view, Boundaries.copy_to_host
+
+        def counting_copy(cu_seqlens):
+            self.host_copies += 1
+            return copy(cu_seqlens)
 
         def counting_from_starts(cls, starts):
             self.derived += 1
@@ -219,6 +223,7 @@ class CountingBoundaries:
 
         monkeypatch.setattr(Boundaries, "from_starts", classmethod(counting_from_starts))
         monkeypatch.setattr(Boundaries, "view", counting_view)
+        monkeypatch.setattr(Boundaries, "copy_to_host", staticmethod(counting_copy))
 
 
 @pytest.fixture
@@ -247,7 +252,7 @@ def test_collator_boundaries_are_never_recomputed_per_layer(four_layer_llama, mo
     four_layer_llama(**_batch(with_boundaries=True))
     assert len(calls) == 4, "the backend should run once per layer"
     assert counted.derived == 0, "boundaries were derived from position_ids although the collator supplied them"
-    assert counted.views["host"] == 1, "cu_seq_lens should be copied to the host once per forward, not once per layer"
+    assert counted.host_copies == 1, "cu_seq_lens should be copied to the host once per forward, not once per layer"
 
 
 def test_position_ids_only_are_derived_once_per_forward(four_layer_llama, monkeypatch):

@@ -4,17 +4,21 @@ import pytest
 import torch
 
 from flatcollate.parallel.attention import (
-    CONTEXT_ATTRIBUTE,
+    SP_CONTEXT_KEY,
     SequenceParallelContext,
     sequence_parallel_attention_forward,
 )
 
 
-def layer(size: int) -> torch.nn.Module:
+def layer() -> torch.nn.Module:
     module = torch.nn.Module()
     module.is_causal = True
-    setattr(module, CONTEXT_ATTRIBUTE, SequenceParallelContext(group=None, rank=0, size=size))
     return module
+
+
+def group(size: int) -> dict:
+    """The keyword argument a prepared model's forward hands every attention layer."""
+    return {SP_CONTEXT_KEY: SequenceParallelContext(group=None, rank=0, size=size)}
 
 
 def qkv(query_heads: int, kv_heads: int, tokens: int = 4):
@@ -30,7 +34,7 @@ def test_heads_that_do_not_split_are_refused_with_the_counts(query_heads, kv_hea
     q, k, v = qkv(query_heads, kv_heads)
     message = f"{query_heads} query heads and {kv_heads} key/value heads, which do not split over a .* group of 4"
     with pytest.raises(ValueError, match=message):
-        sequence_parallel_attention_forward(layer(4), q, k, v, None, **row_kwargs(16))
+        sequence_parallel_attention_forward(layer(), q, k, v, None, **row_kwargs(16), **group(4))
 
 
 def test_a_layer_without_a_group_is_refused():
@@ -42,12 +46,12 @@ def test_a_layer_without_a_group_is_refused():
 def test_a_mask_or_a_cache_is_refused():
     q, k, v = qkv(4, 2)
     with pytest.raises(ValueError, match="use_cache=False"):
-        sequence_parallel_attention_forward(layer(2), q, k, v, torch.ones(1, 1, 4, 4, dtype=torch.bool))
+        sequence_parallel_attention_forward(layer(), q, k, v, torch.ones(1, 1, 4, 4, dtype=torch.bool), **group(2))
     with pytest.raises(ValueError, match="use_cache=False"):
-        sequence_parallel_attention_forward(layer(2), q, k[:, :, :2], v[:, :, :2], None, **row_kwargs(8))
+        sequence_parallel_attention_forward(layer(), q, k[:, :, :2], v[:, :, :2], None, **row_kwargs(8), **group(2))
 
 
 def test_missing_whole_row_boundaries_are_refused():
     q, k, v = qkv(4, 2)
     with pytest.raises(ValueError, match="whole row's `cu_seq_lens_q/k`"):
-        sequence_parallel_attention_forward(layer(2), q, k, v, None, position_ids=torch.arange(4)[None])
+        sequence_parallel_attention_forward(layer(), q, k, v, None, position_ids=torch.arange(4)[None], **group(2))

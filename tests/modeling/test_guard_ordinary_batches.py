@@ -147,7 +147,7 @@ RESTARTING = torch.tensor([[0, 1, 2, 0, 1, 0]])
     ("extra", "flattened"),
     [
         ({}, True),
-        ({"attention_mask": torch.ones(1, 6, dtype=torch.long)}, False),
+        ({"attention_mask": torch.ones(1, 6, dtype=torch.long)}, True),  # restarts between attended tokens: packed
         ({"attention_mask": torch.ones(1, 1, 6, 6, dtype=torch.bool)}, False),
         ({"attention_mask": {"full_attention": None, "sliding_attention": None}}, False),
         ({"past_key_values": DynamicCache()}, False),

@@ -23,11 +23,12 @@ def feature_names(model) -> list[str]:
 
 
 def test_each_part_registers_its_feature_only_where_the_family_needs_it():
-    assert feature_names(prepare_model_for_flattening(tiny_causal_lm("llama"))) == []
-    assert feature_names(prepare_model_for_flattening(tiny_causal_lm("mamba"))) == ["state-carrying layers"]
-    assert feature_names(prepare_model_for_flattening(tiny_causal_lm("roberta"))) == ["family positions"]
-    assert feature_names(prepare_model_for_flattening(tiny_vision_lm("qwen2_vl"))) == ["image-text"]
-    assert feature_names(prepare_model_for_flattening(tiny_vision_lm("gemma3"))) == ["image-text"]
+    labels = "labels inside sequences"  # every head that shifts labels
+    assert feature_names(prepare_model_for_flattening(tiny_causal_lm("llama"))) == [labels]
+    assert feature_names(prepare_model_for_flattening(tiny_causal_lm("mamba"))) == [labels, "state-carrying layers"]
+    assert feature_names(prepare_model_for_flattening(tiny_causal_lm("roberta"))) == ["family positions", labels]
+    assert feature_names(prepare_model_for_flattening(tiny_vision_lm("qwen2_vl"))) == [labels, "image-text"]
+    assert feature_names(prepare_model_for_flattening(tiny_vision_lm("gemma3"))) == [labels, "image-text"]
     classifier = AutoModelForTokenClassification.from_config(tiny_config("llama", num_labels=3))
     assert feature_names(prepare_model_for_flattening(classifier)) == ["masked first labels"]
 
@@ -55,7 +56,9 @@ def test_a_registered_feature_sees_every_forward_and_can_refuse_one():
 def test_the_guard_imports_only_the_core():
     tree = ast.parse((ROOT / "modeling" / "guard.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
-    assert imported <= {"_conventions", "attention", "boundaries", "boundary_check", "prepared_state", "support"}
+    assert imported <= {
+        "_conventions", "attention", "boundaries", "boundary_check", "forward_slot", "prepared_state", "support"
+    }
 
 
 def test_flatcollate_sets_one_attribute_name():
@@ -71,8 +74,9 @@ def test_the_prepared_state_is_one_object_and_copies_with_the_model():
     assert isinstance(state, PreparedState) and state.guard is not None
     assert not [key for key in vars(model) if key.startswith("_flatcollate") and key != "_flatcollate"]
     twin = copy.deepcopy(model)
-    rows, twin_rows = state.features[0].changes.__self__, state_of(twin).features[0].changes.__self__
-    assert state_of(twin) is not state and twin_rows is not rows  # a copy never reads the original's row
+    assert state_of(twin) is not state
+    mixers = [module for module in twin.modules() if type(module).__name__ == "MambaMixer"]
+    assert mixers and all(module.forward.args[1] is twin for module in mixers)  # a copy reads its own forwards
 
 
 def test_boundaries_without_tokens_are_a_clear_error():

@@ -5,11 +5,12 @@ import copy
 import pytest
 import torch
 
+from flatcollate import DataCollatorWithFlattening
 from flatcollate.boundaries import Boundaries
 from flatcollate.check import check_model
+from flatcollate.forward_slot import enter_forward, leave_forward
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.modeling.prepared_state import FlatBatch
-from flatcollate.modeling.stateful_layers import RowBounds, _concat, segment_mixers
+from flatcollate.modeling.stateful_layers import _concat, segment_mixers
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = (7, 1, 12, 4)
@@ -52,14 +53,25 @@ def test_segment_mixers_wraps_only_stateful_families_and_only_once():
     assert segment_mixers(tiny_causal_lm("llama")) == 0
 
 
-def test_row_bounds_are_the_guards_boundaries_and_none_for_ordinary_batches():
-    row, model = RowBounds([]), torch.nn.Module().eval()
-    row.record(model, {}, FlatBatch(Boundaries.from_lengths([3, 1]), None))
-    assert row.bounds == [0, 3, 4]
-    row.record(model, {}, None)  # an ordinary batch (padded rows, a mask, a cache)
-    assert row.bounds is None
-    row.record(model, {}, FlatBatch(Boundaries.from_lengths([4]), None))  # one sequence: nothing to split
-    assert row.bounds is None
+def test_mixers_read_their_own_models_forward_from_the_slot(monkeypatch):
+    model = prepare_model_for_flattening(tiny_causal_lm("mamba2"))
+    layer = next(m for m in model.modules() if type(m).__name__ == "Mamba2Mixer")
+    calls, original = [], type(layer).forward
+
+    def counted(module, hidden_states, *args, **kwargs):
+        calls.append(hidden_states.shape[1]) if module is layer else None
+        return original(module, hidden_states, *args, **kwargs)
+
+    monkeypatch.setattr(type(layer), "forward", counted)
+    model(**DataCollatorWithFlattening()([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]))
+    assert calls == [3, 1]  # once per sequence
+    calls.clear()
+    token = enter_forward(object(), Boundaries.from_lengths([2, 2]))  # another model's forward in flight
+    try:
+        layer(torch.zeros(1, 4, model.config.hidden_size))
+    finally:
+        leave_forward(token)
+    assert calls == [4]  # the row as one: not its model's forward
 
 
 def test_outputs_that_are_not_per_token_are_refused_as_main_output_and_dropped_as_extras():

@@ -48,7 +48,7 @@ def test_unpatched_mask_builders_are_refused():
     with torch.no_grad():
         assert _gap_to_alone(model, batch) <= 1e-5
         try:
-            module.create_causal_mask = patched._flatcollate
+            module.create_causal_mask = patched.__wrapped__
             with pytest.raises(ValueError, match="create_causal_mask"):
                 model(**batch)
         finally:
