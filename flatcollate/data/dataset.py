@@ -105,9 +105,11 @@ def pack_dataset(
     is packed lazily, each chunk of `batch_size` rows on its own (as TRL's `pack_dataset` packs every dataset): a
     sequence only shares a pack with sequences of its chunk, so every chunk may end with a less full pack: 100k
     lengths uniform in 50-2000 into 4096 fill 99.79% in chunks of 1000 rows against 99.998% as a whole (TRL's
-    chunks: 99.73%); raise `batch_size` for fuller packs. Bad options raise at once, bad rows (e.g. an over-long
-    sequence) while iterating. A `DatasetDict` / `IterableDatasetDict` is packed split by split. The dataset's format
-    is kept.
+    chunks: 99.73%); raise `batch_size` for fuller packs. `transformers.Trainer` hands a stream to accelerate's
+    dispatcher, which cuts every tensor of a flattened batch on dimension 0: train it with `TrainingArguments(
+    accelerator_config={"dispatch_batches": False}, remove_unused_columns=False)`. Bad options raise at once, bad
+    rows (e.g. an over-long sequence) while iterating. A `DatasetDict` / `IterableDatasetDict` is packed split by
+    split. The dataset's format is kept.
 
     Args:
         dataset (`datasets.Dataset`, `datasets.IterableDataset`, or a dict of them): rows with `input_ids` and
