@@ -37,6 +37,14 @@ def token_count(arguments: dict, positions: torch.Tensor | None = None) -> tuple
     )
 
 
+_CUT_BATCH = (
+    "A batch cut on dimension 0 after the collator looks like this: accelerate's dispatcher does it when "
+    "`transformers.Trainer` reads an `IterableDataset` (`dispatch_batches=True`, its default there); pass "
+    "`TrainingArguments(accelerator_config={'dispatch_batches': False}, remove_unused_columns=False)`, or train with "
+    "`flatcollate.integrations.trl.FlatSFTTrainer`."
+)
+
+
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`(1,)` int64 on the device: the first token where two start masks differ, or -1 where they agree (no sync)."""
     differ = a != b
@@ -68,7 +76,7 @@ def check_cu_seqlens(
     if cu_q.dim() != 1 or cu_q.dtype.is_floating_point or cu_q.numel() < 2:
         raise ValueError(
             f"`cu_seq_lens_q` must be a 1-D integer tensor `[0, ..., total_tokens]`, got shape {tuple(cu_q.shape)} "
-            f"and dtype {cu_q.dtype}; build it with `flatcollate.DataCollatorWithFlattening`."
+            f"and dtype {cu_q.dtype}; build it with `flatcollate.DataCollatorWithFlattening`. {_CUT_BATCH}"
         )
     separate_k = cu_k is not None and cu_k is not cu_q
     if separate_k and cu_k.shape != cu_q.shape:
@@ -90,7 +98,8 @@ def check_cu_seqlens(
         on_ranks = f" on each of {ranks} ranks" if ranks > 1 else ""
         raise ValueError(
             f"`cu_seq_lens_q` starts at {bounds[0]} and ends at {bounds[-1]}, but the batch holds {total} tokens"
-            f"{on_ranks}; it must run from 0 to the number of tokens. Collate the batch and its boundaries together."
+            f"{on_ranks}; it must run from 0 to the number of tokens. Collate the batch and its boundaries together. "
+            f"{_CUT_BATCH}"
         )
     lengths = np.diff(bounds)
     if lengths.min() < 1:
