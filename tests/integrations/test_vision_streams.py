@@ -43,5 +43,5 @@ def test_trainer_on_a_packed_stream_without_dispatch_equals_the_per_example_step
     prepared = prepare_model_for_flattening(copy.deepcopy(model))
     assert_same_step(prepared, stream_step(prepared, examples, dispatch_batches=False), reference, "qwen2_5_vl")
     dispatched = prepare_model_for_flattening(copy.deepcopy(model))  # the default: cut on dimension 0, refused
-    with pytest.raises(ValueError, match="cu_seq_lens_q.*dispatch_batches"):
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q.*dispatch_batches"):
         stream_step(dispatched, examples)
