@@ -170,3 +170,23 @@ def host_syncs(monkeypatch):
             monkeypatch.setattr(torch.Tensor, "tolist", original)
 
     return counting
+
+
+@pytest.fixture(scope="session")
+def assert_relatively_close():
+    """`assert_relatively_close(got, expected)` for two `(loss, grads)`: the loss and every gradient within `rtol`
+    (1e-6, fp32) of the reference in relative norm, `|got - expected| / |expected|` (elementwise relative error means
+    nothing for entries near zero). Both hold the same parameter names."""
+    import torch
+
+    def check(got, expected, rtol: float = 1e-6):
+        def relative(a, b):
+            return float((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30))
+
+        assert relative(got[0], expected[0]) <= rtol, f"loss {float(got[0])} vs {float(expected[0])}"
+        assert got[1].keys() == expected[1].keys()
+        for name, grad in expected[1].items():
+            error = relative(got[1][name], grad)
+            assert error <= rtol, f"{name}: relative error {error:.2e} > {rtol:.0e}"
+
+    return check
