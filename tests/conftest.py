@@ -177,7 +177,6 @@ def assert_relatively_close():
     """`assert_relatively_close(got, expected)` for two `(loss, grads)`: the loss and every gradient within `rtol`
     (1e-6, fp32) of the reference in relative norm, `|got - expected| / |expected|` (elementwise relative error means
     nothing for entries near zero). Both hold the same parameter names."""
-    import torch
 
     def check(got, expected, rtol: float = 1e-6):
         def relative(a, b):
