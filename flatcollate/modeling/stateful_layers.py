@@ -1,14 +1,19 @@
-"""Run token-mixing layers that carry state from one token to the next once per sequence of a flattened row.
+"""Run token-mixing layers that carry state from one token to the next on each sequence of a flattened row alone.
 
-State-space layers (Mamba), linear attention (gated delta rule, lightning attention), RWKV and short convolutions
-pass a state or a window along the row. On CPU and without their optional CUDA kernels (mamba-ssm, fla) they take no
+State-space layers (Mamba), linear attention (gated delta rule, lightning attention) and short convolutions pass a
+state or a window along the row. On CPU and without their optional CUDA kernels (mamba-ssm, fla) they take no
 sequence boundaries, so in a flattened row the state of one sequence flows into the next. `segment_mixers` wraps
-those layers so that, for a flattened batch, each one runs on every sequence of the row on its own (fresh state,
-as if the sequence were alone) and the outputs are concatenated back. Everything else in the model (attention
-through the packed backend, MLPs, norms) still runs once over the whole row.
+those layers so that, for a flattened batch, each sees every sequence on its own (fresh state, as if the sequence
+were alone). Everything else in the model (attention through the packed backend, MLPs, norms) still runs once over
+the whole row.
 
-The cost is one call of the layer per sequence per layer: exact, and the way to train these families on CPU or
-without their kernels; the attention layers of hybrid models keep the packed kernels.
+`"batched"` (the default) lays the row's sequences out as a right-padded batch (`Boundaries.padded()`), calls the
+layer once and gathers the outputs back: these layers are causal, so the padding after a sequence changes nothing
+before it. `"per_sequence"` calls the layer once per sequence (the slow, obviously correct reference)::
+
+    row       [a0 a1 a2 | b0 | c0 c1]          batched   [a0 a1 a2]   one call, outputs at the valid
+                                                         [b0 .  . ]   tokens gathered back in row order
+                                                         [c0 c1 . ]
 """
 
 import functools
@@ -21,6 +26,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .._conventions import BOUNDARIES_KEY, FLASH_KWARG_KEYS, HOST_BOUNDARIES_KEY
+from ..boundaries import Boundaries
 from ..families import is_mixer
 from ..forward_slot import forward_slot, run_with_slot, saved_slot
 from .prepared_state import Feature, FlatBatch, add_feature, state_of
@@ -36,6 +42,34 @@ def _slice(value: Any, start: int, end: int, length: int) -> Any:
     if isinstance(value, tuple) and value and all(isinstance(part, torch.Tensor) for part in value):
         return tuple(_slice(part, start, end, length) for part in value)
     return value
+
+
+def _lay_out(value: Any, index: torch.Tensor, length: int) -> Any:
+    """A per-token argument (`(1, T, ...)` tensors, tuples of them) laid out as the padded batch `(N, L, ...)`."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] == length:
+        return value[0][index]
+    if isinstance(value, tuple) and value and all(isinstance(part, torch.Tensor) for part in value):
+        return tuple(_lay_out(part, index, length) for part in value)
+    return value
+
+
+def _gather_back(output: Any, valid: torch.Tensor, name: str, *, extra: bool = False) -> Any:
+    """The padded batch's outputs `(N, L, ...)` at its valid tokens, back in row order `(1, T, ...)` (tuples
+    element-wise). A tensor that is not per token is an error as the main output, `None` as an extra one."""
+    if output is None:
+        return None
+    if isinstance(output, torch.Tensor):
+        if output.dim() < 2 or output.shape[:2] != valid.shape:
+            if extra:
+                return None
+            raise ValueError(
+                f"{name} returned a tensor that is not per token (shape {tuple(output.shape)}); it cannot run on the "
+                "row's sequences alone. Train this model on padded batches."
+            )
+        return output[valid][None]
+    if isinstance(output, tuple):
+        return tuple(_gather_back(part, valid, name, extra=extra or i > 0) for i, part in enumerate(output))
+    raise ValueError(f"{name} returned a {type(output).__name__}; it cannot run on the row's sequences alone.")
 
 
 def _concat(outputs: list[Any], lengths: list[int], name: str, *, extra: bool = False) -> Any:
@@ -84,12 +118,14 @@ def _segmented_forward(
     module: torch.nn.Module,
     owner: torch.nn.Module,
     inner: Callable | None,
+    mode: str,
     hidden_states: torch.Tensor,
     *args,
     **kwargs,
 ):
-    """`module`'s forward, once per sequence of the flattened row `owner` (the prepared model) is running now, as
-    its forward's slot says (`inner` is a forward set on the instance before)."""
+    """`module`'s forward on every sequence of the flattened row `owner` (the prepared model) is running now alone,
+    as its forward's slot says (`inner` is a forward set on the instance before): one call on the row laid out as a
+    padded batch (`mode="batched"`), or one call per sequence (`"per_sequence"`)."""
     forward = functools.partial(type(module).forward, module) if inner is None else inner
     boundaries = forward_slot(owner)
     if boundaries is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, boundaries.total):
@@ -99,6 +135,11 @@ def _segmented_forward(
         return forward(hidden_states, *args, **kwargs)
     length = bounds[-1]
     kwargs = {key: value for key, value in kwargs.items() if key not in _ROW_ONLY_KEYS}
+    if mode == "batched":
+        index, valid = boundaries.view("padded", Boundaries.padded)
+        laid_out = [_lay_out(value, index, length) for value in args]
+        named = {key: _lay_out(value, index, length) for key, value in kwargs.items()}
+        return _gather_back(forward(hidden_states[0][index], *laid_out, **named), valid, type(module).__name__)
     outputs, lengths = [], []
     for start, end in itertools.pairwise(bounds):  # one call per sequence: fresh state each
         part_args = [_slice(value, start, end, length) for value in args]
@@ -117,7 +158,11 @@ def _checkpoint_with_slot(checkpoint: Callable, function: Callable, *args, **kwa
     return checkpoint(functools.partial(run_with_slot, saved_slot(), function), *args, **kwargs)
 
 
-def segment_mixers(model: PreTrainedModel) -> int:
+MODES = ("batched", "per_sequence")
+"""How a wrapped layer runs a flattened row's sequences: one call on them as a padded batch, or one call each."""
+
+
+def segment_mixers(model: PreTrainedModel, *, mode: str = "batched") -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
 
     The layers are found from the model's modules (`flatcollate.families.is_mixer`: a known mixer class or a subclass
@@ -128,6 +173,7 @@ def segment_mixers(model: PreTrainedModel) -> int:
 
     Args:
         model (`PreTrainedModel`): the prepared top-level model.
+        mode (`str`): `"batched"` (one call per layer per forward) or `"per_sequence"` (one call per sequence).
 
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).
@@ -140,8 +186,10 @@ def segment_mixers(model: PreTrainedModel) -> int:
     mixers = [module for module in model.modules() if is_mixer(module)]
     if not mixers or any(feature.name == "state-carrying layers" for feature in state.features):
         return 0
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
     add_feature(model, Feature("state-carrying layers", changes=keep_slot_for_recompute))
     for module in mixers:
         inner = vars(module).get("forward")  # a forward already set on the instance keeps being called
-        module.forward = functools.partial(_segmented_forward, module, model, inner)
+        module.forward = functools.partial(_segmented_forward, module, model, inner, mode)
     return len(mixers)

@@ -1,6 +1,8 @@
 """Layers that carry state along the row (Mamba, gated delta rule, short convolutions) run once per sequence."""
 
+import collections
 import copy
+from itertools import pairwise
 
 import pytest
 import torch
@@ -8,9 +10,10 @@ import torch
 from flatcollate import DataCollatorWithFlattening
 from flatcollate.boundaries import Boundaries
 from flatcollate.check import check_model
+from flatcollate.families import FAMILIES, is_mixer
 from flatcollate.forward_slot import enter_forward, leave_forward
 from flatcollate.modeling import prepare_model_for_flattening
-from flatcollate.modeling.stateful_layers import _concat, segment_mixers
+from flatcollate.modeling.stateful_layers import _concat, _gather_back, segment_mixers
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = (7, 1, 12, 4)
@@ -26,24 +29,56 @@ def test_stateful_families_are_exact_only_with_segmented_mixers(model_type):
     assert statuses["eager"].status != "exact", "without segmenting, state must leak (or the family refuse)"
 
 
-def test_each_sequence_gets_its_own_call_and_unflattened_rows_one_call():
+@pytest.mark.parametrize(("mode", "calls"), [("batched", [(4, 12)]), ("per_sequence", [(1, n) for n in LENGTHS])])
+def test_one_call_on_the_padded_sequences_or_one_per_sequence_and_unflattened_rows_one_call(mode, calls):
     model = tiny_causal_lm("mamba2", seed=0)
     mixer = next(m for m in model.modules() if type(m).__name__ == "Mamba2Mixer")
     seen, inner = [], mixer.forward
 
     def counting(hidden_states, *args, **kwargs):
-        seen.append(hidden_states.shape[1])
+        seen.append(tuple(hidden_states.shape[:2]))
         return inner(hidden_states, *args, **kwargs)
 
-    mixer.forward = counting  # installed first, so the per-sequence wrapper calls it
+    mixer.forward = counting  # installed first, so the wrapper calls it
+    segment_mixers(model, mode=mode)
     prepare_model_for_flattening(model)
     ids = torch.randint(0, model.config.vocab_size, (1, sum(LENGTHS)))
     positions = torch.cat([torch.arange(n) for n in LENGTHS])[None]
     model(input_ids=ids, position_ids=positions)
-    assert seen == list(LENGTHS)
+    assert seen == calls
     seen.clear()
     model(input_ids=ids[:, :9])
-    assert seen == [9]
+    assert seen == [(1, 9)]
+
+
+MIXER_FAMILIES = [  # every family with state-carrying layers; one in the fast tier
+    name if name == "mamba2" else pytest.param(name, marks=pytest.mark.slow)
+    for name in sorted(name for name, family in FAMILIES.items() if family.mixers)
+]
+
+
+@pytest.mark.parametrize("model_type", MIXER_FAMILIES)
+def test_one_call_per_state_carrying_layer_per_flattened_forward_equal_to_one_call_per_sequence(model_type):
+    base = tiny_causal_lm(model_type, seed=0)
+    batched = prepare_model_for_flattening(copy.deepcopy(base))
+    looped = copy.deepcopy(base)
+    segment_mixers(looped, mode="per_sequence")
+    prepare_model_for_flattening(looped)
+    layers = [m for m in batched.modules() if is_mixer(m)]
+    calls = collections.Counter()
+    for layer in layers:
+        layer.register_forward_pre_hook(lambda module, args: calls.update([id(module)]))
+    generator = torch.Generator().manual_seed(0)
+    batch = DataCollatorWithFlattening()(
+        [{"input_ids": torch.randint(0, base.config.vocab_size, (n,), generator=generator).tolist()} for n in LENGTHS]
+    )
+    with torch.no_grad():
+        got, expected = batched(**batch).logits, looped(**batch).logits
+    assert layers and sorted(calls.values()) == [1] * len(layers)  # one call per layer, whatever the row holds
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    bounds = pairwise(batch["cu_seq_lens_q"].tolist())
+    alone = torch.cat([base(input_ids=batch["input_ids"][:, s:e], use_cache=False).logits for s, e in bounds], 1)
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=0)
 
 
 def test_segment_mixers_wraps_only_stateful_families_and_only_once():
@@ -64,7 +99,7 @@ def test_mixers_read_their_own_models_forward_from_the_slot(monkeypatch):
 
     monkeypatch.setattr(type(layer), "forward", counted)
     model(**DataCollatorWithFlattening()([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]))
-    assert calls == [3, 1]  # once per sequence
+    assert calls == [3]  # once, on both sequences laid out as a padded batch of width 3
     calls.clear()
     token = enter_forward(object(), Boundaries.from_lengths([2, 2]))  # another model's forward in flight
     try:
@@ -82,6 +117,11 @@ def test_outputs_that_are_not_per_token_are_refused_as_main_output_and_dropped_a
     assert out.shape == (1, 4, 2) and extra is None
     with pytest.raises(ValueError, match="Mixer returned a tensor that is not per token"):
         _concat(weights, [3, 1], "Mixer")
+    valid = torch.tensor([[True, True, True], [True, False, False]])
+    out, extra = _gather_back((torch.arange(6.0).reshape(2, 3, 1), torch.zeros(2, 2, 3, 3)), valid, "Mixer")
+    assert out.reshape(-1).tolist() == [0.0, 1.0, 2.0, 3.0] and extra is None
+    with pytest.raises(ValueError, match="Mixer returned a tensor that is not per token"):
+        _gather_back(torch.zeros(2, 2, 3, 3), valid, "Mixer")
 
 
 def test_a_copy_of_a_prepared_model_runs_its_own_layers():
