@@ -7,6 +7,7 @@ from transformers import PreTrainedModel
 from ..attention.dispatch import ATTN_IMPLEMENTATION, register_packed_attention
 from .composite import isolate_vision_towers, per_sub_config
 from .family_positions import add_family_positions
+from .fused_loss import check_fused_loss, install_fused_loss
 from .guard import install_guard
 from .heads import add_label_warning
 from .image_text import add_image_text
@@ -24,6 +25,7 @@ def prepare_model_for_flattening(
     *,
     attn_implementation: str | None = ATTN_IMPLEMENTATION,
     strict: bool = True,
+    fused_loss: bool | str = False,
 ) -> PreTrainedModel:
     """Make `model` exact on flattened batches: no token attends across a sequence boundary.
 
@@ -55,6 +57,10 @@ def prepare_model_for_flattening(
             are patched to receive them, so transformers builds the block-diagonal mask.
         strict (`bool`): raise `ValueError` for a family that cannot be exact; with `False`, warn instead (the model
             then takes padded batches, and the guard refuses every flattened one).
+        fused_loss (`bool` or `str`): compute the loss of a forward with labels from the final hidden states without
+            `(T, V)` logits (`flatcollate.modeling.fused_loss`; it returns `logits=None`, and `return_logits=True`
+            runs the full forward): True takes Cut Cross-Entropy or Liger on CUDA where installed and the chunked
+            PyTorch path elsewhere; `"chunked"`, `"cce"` or `"liger"` names one.
 
     Returns:
         The same model (the PEFT wrapper where one was given), prepared.
@@ -72,6 +78,8 @@ def prepare_model_for_flattening(
             "Expected a transformers `PreTrainedModel` (or a PEFT model wrapping one), got "
             f"{type(wrapper or model).__name__}."
         )
+    if fused_loss:
+        check_fused_loss(model, fused_loss)  # refused before anything changes
     reason = unsupported_reason(model)
     if reason is not None:
         message = (
@@ -101,6 +109,8 @@ def prepare_model_for_flattening(
         own_layer_configs(model, backend)  # attention layers read their own config: all of them on `backend`
     patched = patch_mask_builders(model) if backend != ATTN_IMPLEMENTATION else []
     isolate_vision_towers(model)
+    if fused_loss:
+        install_fused_loss(model, fused_loss)  # before the guard, which then sits in front of it
     install_guard(model, unsupported=reason)  # then the features that add their checks and changes to it
     add_family_positions(model)
     add_label_warning(model)
