@@ -69,6 +69,10 @@ class FlatSFTTrainer(SFTTrainer):
             `VisionDataCollatorWithFlattening.from_model(model)` (the default for an image-text model).
         attn_implementation (`str`, *optional*, defaults to `"flatcollate"`): passed to
             `prepare_model_for_flattening`; `None` keeps the model's backend (e.g. `flash_attention_2`).
+        fused_loss (`bool` or `str`, defaults to `False`): passed to `prepare_model_for_flattening`. TRL's own loss
+            (`loss_type="nll"`) never builds the full logits (its fused LM head, `fused_lm_head=True`, passes through);
+            with this option the model's other forwards with labels (a `compute_loss` of your own, evaluation outside
+            TRL) do not either.
 
     Example (TRL requires `max_length=None` for padding-free training without packing):
 
@@ -83,7 +87,14 @@ class FlatSFTTrainer(SFTTrainer):
     _drops_mask_columns = False
     _keeps_vision_fields = False
 
-    def __init__(self, *args, data_collator=None, attn_implementation: str | None = "flatcollate", **kwargs):
+    def __init__(
+        self,
+        *args,
+        data_collator=None,
+        attn_implementation: str | None = "flatcollate",
+        fused_loss: bool | str = False,
+        **kwargs,
+    ):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         model = kwargs.get("model", args[0] if args else None)
         padding_free = training_args is not None and (
@@ -96,6 +107,12 @@ class FlatSFTTrainer(SFTTrainer):
                     f"{type(data_collator).__name__} flattens batches, but padding-free training is off, so TRL would "
                     "feed it to an unprepared model; pass SFTConfig(padding_free=True, max_length=None) (or "
                     "packing=True with packing_strategy='bfd')."
+                )
+            if fused_loss:
+                raise ValueError(
+                    f"fused_loss={fused_loss!r} applies to a model FlatSFTTrainer prepares for flattened batches, but "
+                    "padding-free training is off; pass SFTConfig(padding_free=True, max_length=None) (or packing=True "
+                    "with packing_strategy='bfd'), or leave fused_loss False."
                 )
             refuse_dropped_images(model, kwargs, args)
             warnings.warn(
@@ -124,7 +141,7 @@ class FlatSFTTrainer(SFTTrainer):
             data_collator = VisionDataCollatorWithFlattening.from_model(base, **options)
         self.data_collator = data_collator or DataCollatorWithFlattening(**options)
         self._keeps_vision_fields = isinstance(self.data_collator, VisionDataCollatorWithFlattening)
-        prepare_model_for_flattening(base, attn_implementation=attn_implementation)
+        prepare_model_for_flattening(base, attn_implementation=attn_implementation, fused_loss=fused_loss)
         if vars(base).get("accepts_loss_kwargs") is True:  # set by preparing, after Trainer read the class's False
             self.model_accepts_loss_kwargs = True  # so the step's tokens are counted and accumulation weighs them
 
