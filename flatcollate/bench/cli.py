@@ -225,12 +225,27 @@ def run_and_report(task, config, out_dir: str | Path, *, progress: bool) -> dict
 
 
 def _command(args: argparse.Namespace) -> int:
+    if args.loss_memory is not None:
+        return _loss_memory(args)
     from .harness import get_task
 
     task = get_task(task_of(args))
     config = config_from_args(task, args)
     validate(task, config, args.out_dir)
     run_and_report(task, config, args.out_dir, progress=not args.no_progress)
+    return 0
+
+
+def _loss_memory(args: argparse.Namespace) -> int:
+    """`--loss-memory`: the loss part of one step, full logits against the fused loss (`bench.loss_memory`)."""
+    from .loss_memory import LossMemoryConfig, run
+
+    if len(args.loss_memory) > 2:
+        raise UsageError(f"--loss-memory takes at most TOKENS and VOCAB, got {args.loss_memory}.")
+    sizes = dict(zip(("tokens", "vocab_size"), args.loss_memory, strict=False))
+    config = LossMemoryConfig(**sizes, repeats=args.repeats, threads=args.threads or LossMemoryConfig.threads)
+    check_writable(expand_path(args.out_dir))
+    run(config, out_dir=expand_path(args.out_dir))
     return 0
 
 
@@ -260,6 +275,16 @@ def register_cli(subparsers) -> None:
         f"(default: {SFTBenchConfig().profile}; the preference tasks: {PairBenchConfig().profile})",
     )
     parser.add_argument("--out-dir", default="flatcollate-bench", help="folder for JSON, markdown and plots")
+    parser.add_argument(
+        "--loss-memory",
+        nargs="*",
+        type=positive_int,
+        metavar="N",
+        default=None,
+        help="instead of a task: peak memory and tokens/s of the loss part of one step, full logits against "
+        "prepare_model_for_flattening(fused_loss=True), on the CPU; optional TOKENS and VOCAB (default: 8192 "
+        "131072); takes --repeats, --threads and --out-dir",
+    )
     add_arguments(parser)
     add_vision_arguments(parser)
     parser.set_defaults(func=_command)
