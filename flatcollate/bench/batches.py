@@ -27,7 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 from .._conventions import IGNORE_INDEX
 from ..data.packing import pack_lengths
 from ..synthetic.sequences import SyntheticSequences
-from .config import MODES, PEER_MODE
+from .config import BATCHED_MODE, MODES, PEER_MODE
 
 PAD_VALUES = {"input_ids": 0, "labels": IGNORE_INDEX, "mm_token_type_ids": 0}
 """Per-token fields a padded batch pads, with their pad value (`input_ids`' is the model's pad id)."""
@@ -101,7 +101,7 @@ def step_batches(
             batches.append(pad_examples(seqs.features(group), pad_to=max_length))
         elif mode == PEER_MODE:
             batches.append(hf_collator(seqs.features(group)))
-        elif mode == "flattened":
+        elif mode in ("flattened", BATCHED_MODE):
             batches.append(flattening_collator(seqs.features(group)))
         else:
             features = seqs.features(group)

@@ -6,8 +6,12 @@ tasks, and the one check of the fields every config shares. Nothing here imports
 import math
 from dataclasses import dataclass, field
 
-MODES = ("padded", "padded_max", "hf_flattened", "flattened", "packed")
+MODES = ("padded", "padded_max", "hf_flattened", "flattened", "flattened_batched", "packed")
 """Benchmark modes, in the order they are reported."""
+
+BATCHED_MODE = "flattened_batched"
+"""flatcollate with the state-carrying layers of hybrid models called once per layer on the row's sequences laid out
+as a padded batch, against `flattened`'s one call per sequence; the same as `flattened` for other models."""
 
 OWN_BATCHES = {"packed": "other batches (whole packs, one step each)"}
 """Modes that train on batches of their own, with what they train on: their losses follow another curve than the
@@ -32,8 +36,9 @@ CPU_MODEL = {
 }
 """Default model sizes: small enough for a 2-core CPU, large enough that matrix products dominate Python overhead."""
 
-DEFAULT_MODES = tuple(mode for mode in MODES if mode != "padded_max")
-"""Modes measured unless asked otherwise: padding to `max_length` costs more than all the others together."""
+DEFAULT_MODES = tuple(mode for mode in MODES if mode not in ("padded_max", BATCHED_MODE))
+"""Modes measured unless asked otherwise: padding to `max_length` costs more than all the others together, and the
+batched call of state-carrying layers concerns hybrid models only."""
 
 
 def option(default, text: str, **metadata):
@@ -85,7 +90,7 @@ class SFTBenchConfig(ModelBenchConfig):
     modes: tuple[str, ...] = option(
         DEFAULT_MODES,
         f"what to measure, from {', '.join(MODES)}: padded_max pads to max_length, hf_flattened is transformers' own "
-        "padding-free path",
+        "padding-free path, flattened_batched calls the state-carrying layers of hybrid models once per layer",
         choices=MODES,
         metavar="MODE",
     )

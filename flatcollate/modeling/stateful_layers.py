@@ -7,9 +7,11 @@ those layers so that, for a flattened batch, each sees every sequence on its own
 were alone). Everything else in the model (attention through the packed backend, MLPs, norms) still runs once over
 the whole row.
 
-`"batched"` (the default) lays the row's sequences out as a right-padded batch (`Boundaries.padded()`), calls the
-layer once and gathers the outputs back: these layers are causal, so the padding after a sequence changes nothing
-before it. `"per_sequence"` calls the layer once per sequence (the slow, obviously correct reference)::
+`"per_sequence"` (the default) calls the layer once per sequence. `"batched"` lays the row's sequences out as a
+right-padded batch (`Boundaries.padded()`), calls the layer once and gathers the outputs back: these layers are
+causal, so the padding after a sequence changes nothing before it. Both are exact; on a CPU, with transformers' own
+PyTorch paths of these layers, the per-sequence calls are the faster (docs/attention.md gives the figures), so they
+are the default; one call per layer is what the layers' varlen kernels on a GPU would want::
 
     row       [a0 a1 a2 | b0 | c0 c1]          batched   [a0 a1 a2]   one call, outputs at the valid
                                                          [b0 .  . ]   tokens gathered back in row order
@@ -158,11 +160,11 @@ def _checkpoint_with_slot(checkpoint: Callable, function: Callable, *args, **kwa
     return checkpoint(functools.partial(run_with_slot, saved_slot(), function), *args, **kwargs)
 
 
-MODES = ("batched", "per_sequence")
-"""How a wrapped layer runs a flattened row's sequences: one call on them as a padded batch, or one call each."""
+MODES = ("per_sequence", "batched")
+"""How a wrapped layer runs a flattened row's sequences: one call each, or one call on them as a padded batch."""
 
 
-def segment_mixers(model: PreTrainedModel, *, mode: str = "batched") -> int:
+def segment_mixers(model: PreTrainedModel, *, mode: str = "per_sequence") -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
 
     The layers are found from the model's modules (`flatcollate.families.is_mixer`: a known mixer class or a subclass
@@ -173,7 +175,7 @@ def segment_mixers(model: PreTrainedModel, *, mode: str = "batched") -> int:
 
     Args:
         model (`PreTrainedModel`): the prepared top-level model.
-        mode (`str`): `"batched"` (one call per layer per forward) or `"per_sequence"` (one call per sequence).
+        mode (`str`): `"per_sequence"` (one call per sequence) or `"batched"` (one call per layer per forward).
 
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).

@@ -60,10 +60,10 @@ MIXER_FAMILIES = [  # every family with state-carrying layers; one in the fast t
 @pytest.mark.parametrize("model_type", MIXER_FAMILIES)
 def test_one_call_per_state_carrying_layer_per_flattened_forward_equal_to_one_call_per_sequence(model_type):
     base = tiny_causal_lm(model_type, seed=0)
-    batched = prepare_model_for_flattening(copy.deepcopy(base))
-    looped = copy.deepcopy(base)
-    segment_mixers(looped, mode="per_sequence")
-    prepare_model_for_flattening(looped)
+    batched = copy.deepcopy(base)
+    segment_mixers(batched, mode="batched")
+    prepare_model_for_flattening(batched)
+    looped = prepare_model_for_flattening(copy.deepcopy(base))  # the default: one call per sequence
     layers = [m for m in batched.modules() if is_mixer(m)]
     calls = collections.Counter()
     for layer in layers:
@@ -99,7 +99,7 @@ def test_mixers_read_their_own_models_forward_from_the_slot(monkeypatch):
 
     monkeypatch.setattr(type(layer), "forward", counted)
     model(**DataCollatorWithFlattening()([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}]))
-    assert calls == [3]  # once, on both sequences laid out as a padded batch of width 3
+    assert calls == [3, 1]  # once per sequence (the default)
     calls.clear()
     token = enter_forward(object(), Boundaries.from_lengths([2, 2]))  # another model's forward in flight
     try:

@@ -16,7 +16,7 @@ from ...profiles.load import load_profile, padded_fill
 from ...synthetic.sequences import SyntheticSequences, synthetic_sequences
 from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batches
 from ..build import build_on_device, model_config, model_summary
-from ..config import PEER_MODE, SFTBenchConfig
+from ..config import BATCHED_MODE, PEER_MODE, SFTBenchConfig
 from ..flops import step_flops
 from ..harness import PROFILE_DRAWS, Task, Workload, sequence_data
 from ..timing import TrainingSteps, timed_pass
@@ -70,10 +70,13 @@ def measure(config: SFTBenchConfig, mode: str, device: torch.device) -> dict:
     batches, warm up and time one pass (`flatcollate.bench.timing.timed_pass`)."""
     from ...attention.dispatch import register_packed_attention
     from ...modeling.prepare import prepare_model_for_flattening
+    from ...modeling.stateful_layers import segment_mixers
 
     model = build_on_device(
         AutoModelForCausalLM, model_config(config), device=device, dtype=config.dtype, seed=config.seed
     )
+    if mode == BATCHED_MODE:  # each state-carrying layer called once, on the sequences as a padded batch
+        segment_mixers(model, mode="batched")
     if mode != PEER_MODE:  # transformers' own padding-free path runs on a model flatcollate has not prepared
         model = prepare_model_for_flattening(model)
         flat = register_packed_attention() if config.attn == "auto" else config.attn
@@ -116,6 +119,7 @@ TASK = Task(
         "padded": "padded to the longest in the batch, attention_mask, sdpa",
         "padded_max": "padded to max_length, attention_mask, sdpa",
         PEER_MODE: "transformers' DataCollatorWithFlattening + the model's own sdpa (padding-free without flatcollate)",
+        BATCHED_MODE: "flatcollate, state-carrying layers called once per layer on the sequences as a padded batch",
         "flattened": "flatcollate: DataCollatorWithFlattening + prepare_model_for_flattening",
         "packed": "flatcollate: best-fit-decreasing packs, flattened",
     },
