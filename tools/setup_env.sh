@@ -7,17 +7,28 @@
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash tools/setup_env.sh
 #   TORCH_SPEC="torch>=2.6" bash tools/setup_env.sh
 # EXTRAS picks the extras installed with flatcollate (default bench,test: the benchmark's plots, what the tests need).
+#
+# LATEST=1 creates .venv-latest instead, with the newest releases pip resolves (torch, transformers, TRL, ...: no
+# constraints), as a user installing without them gets; CI runs the fast tier there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10) and "flatcollate needs Python >= 3.10")'
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "${TORCH_SPEC:-torch==2.13.0}"
+venv=.venv
+torch_spec=${TORCH_SPEC:-torch==2.13.0}
+if [[ -n "${LATEST:-}" ]]; then
+    venv=.venv-latest
+    torch_spec=${TORCH_SPEC:-torch}
+fi
+python3 -m venv "$venv"
+"$venv"/bin/python -m pip install -q --upgrade pip
+"$venv"/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$torch_spec"
 constraints=tools/constraints.txt
-if [[ -n "${TORCH_SPEC:-}${TORCH_INDEX_URL:-}" ]]; then
+if [[ -n "${LATEST:-}" ]]; then
+    constraints=/dev/null
+elif [[ -n "${TORCH_SPEC:-}${TORCH_INDEX_URL:-}" ]]; then
     constraints=$(mktemp)
     grep -v '^torch==' tools/constraints.txt > "$constraints"
 fi
-.venv/bin/python -m pip install -q -c "$constraints" -e ".[${EXTRAS:-bench,test}]"
-.venv/bin/python -c "import flatcollate, torch, transformers; print('flatcollate', flatcollate.__version__, \
+"$venv"/bin/python -m pip install -q ${LATEST:+--upgrade} -c "$constraints" -e ".[${EXTRAS:-bench,test}]"
+"$venv"/bin/python -c "import flatcollate, torch, transformers; print('flatcollate', flatcollate.__version__, \
 '| torch', torch.__version__, '| transformers', transformers.__version__)"
