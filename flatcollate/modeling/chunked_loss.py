@@ -2,9 +2,10 @@
 
 A flattened batch is one row of `T` tokens, so its logits are one `(T, V)` tensor: at 8k tokens and a 128k vocabulary
 that is 4 GiB in fp32, and as much again for the softmax the loss saves and for the gradient. Here only the labelled
-tokens are projected, `chunk` of them at a time, and each chunk's logits are freed once its loss is summed; the
-backward recomputes them chunk by chunk (`torch.utils.checkpoint`), so the most ever held is a few `(chunk, V)`
-tensors::
+tokens are projected, `chunk` of them at a time, and each chunk's logits are freed once its loss is summed. A plain
+`Linear` head takes each chunk's gradients in the forward (`softmax - onehot` times the weight and the rows: three
+products with the head, as the full path makes); any other head (LoRA-wrapped) has its chunks recomputed in the
+backward (`torch.utils.checkpoint`). Either way the most ever held is a few `(chunk, V)` tensors::
 
     hidden (T, H) --labelled rows--> (N, H) --+-- rows 0..c     -> head -> soft-cap -> (c, V) -> CE sum --+
                                               +-- rows c..2c    -> head -> soft-cap -> (c, V) -> CE sum --+-> sum (fp32)
@@ -63,6 +64,52 @@ def _chunk_loss(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Modu
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The summed cross-entropy of a plain `Linear` head, chunk by chunk, with every gradient taken in the forward.
+
+    Each chunk's logits are used once: the loss, then `softmax - onehot` (through the soft-cap's derivative) times the
+    weight for the rows' gradient and times the rows for the weight's. Three products with the head, as the full path
+    makes, and no recompute; the backward only scales what the forward kept by the loss's gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_size, cap):
+        wants_hidden, wants_weight, wants_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
+        grad_weight = torch.zeros_like(weight) if wants_weight else None
+        grad_bias = torch.zeros_like(bias) if wants_bias else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_size):  # over chunks, never tokens
+            rows, wanted = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+            raw = F.linear(rows, weight, bias)
+            logits = softcapped(raw, cap).float()
+            log_probs = torch.log_softmax(logits, dim=-1)
+            picked = log_probs.gather(1, wanted[:, None])
+            total = total - picked.sum()
+            if grad_hidden is None and grad_weight is None and grad_bias is None:
+                continue
+            grad = log_probs.exp_()
+            grad.scatter_add_(1, wanted[:, None], torch.full_like(picked, -1.0))  # softmax - onehot
+            if cap is not None:
+                grad = grad * (1 - (raw.float() / cap).tanh().square())  # d/dz cap * tanh(z / cap)
+            grad = grad.to(raw.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start : start + chunk_size] = grad @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.T, rows)
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        ctx.save_for_backward(*(g for g in (grad_hidden, grad_weight, grad_bias) if g is not None))
+        ctx.wants = (wants_hidden, wants_weight, wants_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        saved = iter(ctx.saved_tensors)
+        grads = [next(saved) * grad_total if wanted else None for wanted in ctx.wants]
+        return (*grads, None, None, None)
+
+
 def chunked_cross_entropy(
     hidden: torch.Tensor,
     head: torch.nn.Module,
@@ -97,6 +144,8 @@ def chunked_cross_entropy(
     labelled = targets != IGNORE_INDEX
     # Only labelled rows are projected (prompts and each sequence's last token never are): one host copy, the count.
     hidden, targets = hidden[labelled], targets[labelled]
+    if type(head) is torch.nn.Linear:  # a plain head: every gradient taken in the forward, nothing recomputed
+        return _LinearCrossEntropy.apply(hidden, head.weight, head.bias, targets, chunk_size, softcap)
     recompute = torch.is_grad_enabled()
     total = hidden.sum(dtype=torch.float32) * 0  # 0 attached to `hidden`: an unlabelled batch still runs backward
     for start in range(0, hidden.shape[0], chunk_size):  # over chunks (N / chunk_size of them), never tokens
