@@ -27,9 +27,6 @@ from .heads import labels_in_place
 from .loss_kernels import check_backend, kernel_cross_entropy, kernel_for
 from .prepared_state import state_of
 
-ATTRIBUTE = "_flatcollate_fused_loss"
-"""Where a model keeps its `FusedLoss` settings."""
-
 SCALES = ("logit_scale", "logits_scaling", "output_multiplier", "lm_head_multiplier")
 """Config attributes of families whose forward scales the logits after the head (Cohere, Granite, Falcon-H1, ...)."""
 
@@ -86,15 +83,15 @@ def install_fused_loss(model: torch.nn.Module, backend: str | bool) -> None:
     """
     backend = check_fused_loss(model, backend)
     text_config = model.config.get_text_config()
-    if isinstance(vars(model).get(ATTRIBUTE), FusedLoss):  # installed already: new settings, the same forward
-        vars(model)[ATTRIBUTE] = FusedLoss(backend, *_sizes(text_config), vars(model)[ATTRIBUTE].signature)
+    state = state_of(model, create=True)
+    if isinstance(state.fused_loss, FusedLoss):  # installed already: new settings, the same forward
+        state.fused_loss = FusedLoss(backend, *_sizes(text_config), state.fused_loss.signature)
         return
-    state = state_of(model)
-    if state is not None and state.guard is not None:
+    if state.guard is not None:
         state.guard.remove()  # prepared before: preparing installs the guard again, in front of the fused forward
     inner = model.forward  # the class's forward, or one another library set (TRL's fused head)
     signature = inspect.signature(inner)
-    vars(model)[ATTRIBUTE] = FusedLoss(backend, *_sizes(text_config), signature)
+    state.fused_loss = FusedLoss(backend, *_sizes(text_config), signature)
     forward = functools.partial(_fused_forward, model, inner)
     forward.__signature__ = signature  # `Trainer` keeps the dataset columns its forward names
     model.forward = forward
@@ -106,7 +103,7 @@ def _sizes(text_config) -> tuple[float | None, int]:
 
 def _fused_forward(model: torch.nn.Module, inner, *args, return_logits: bool = False, **kwargs):
     """The forward `install_fused_loss` puts on `model`: the fused loss for a call with labels, else `inner`."""
-    settings = vars(model)[ATTRIBUTE]
+    settings = state_of(model).fused_loss
     if args:  # given by position: named as the forward names them
         kwargs, args = {**settings.signature.bind_partial(*args).arguments, **kwargs}, ()
     labelled = kwargs.get("labels") is not None or kwargs.get("shift_labels") is not None

@@ -79,6 +79,7 @@ class PreparedState:
         features (`list[Feature]`): what the parts of flatcollate add to the guard.
         checked (`bool`): the current call was checked by the guard's pre-hook.
         tokens (`list`): one per forward in flight, to give the forward slot back its value when each ends.
+        fused_loss (`FusedLoss`, *optional*): the fused-loss settings (`flatcollate.modeling.fused_loss`).
         warned_labels (`bool`): the warning on masked first labels was given.
     """
 
@@ -92,6 +93,7 @@ class PreparedState:
     features: list[Feature] = field(default_factory=list)
     checked: bool = False
     tokens: list = field(default_factory=list)
+    fused_loss: Any = None
     warned_labels: bool = False
 
 

@@ -13,6 +13,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from flatcollate import DataCollatorWithFlattening, prepare_model_for_flattening
 from flatcollate.check.runs import gradients
 from flatcollate.modeling import fused_loss
+from flatcollate.modeling.prepared_state import state_of
 from flatcollate.testing import tiny_causal_lm
 
 LENGTHS = (5, 1, 9, 4)
@@ -99,7 +100,7 @@ def test_flat_sft_trainer_trains_as_without_it(tokenizer_dir):
             )
             trainer.train()
             losses[fused] = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-            assert isinstance(vars(model).get(fused_loss.ATTRIBUTE), fused_loss.FusedLoss) is fused
+            assert isinstance(state_of(model).fused_loss, fused_loss.FusedLoss) is fused
     assert len(losses[True]) == 2
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-6, atol=0)
 
