@@ -10,18 +10,14 @@ positions at every sequence inside it (from the pack's `seq_lengths`)::
 
 Strategies:
 
-- `"bfd"` best-fit decreasing over the whole dataset: longest first, each into the fullest pack that still fits.
-  Sequences of equal length are placed in bulk and packs are kept in buckets keyed by remaining capacity, so the
-  work grows with the number of distinct lengths and capacities, not with the number of sequences (1M sequences
-  pack in about a second). When that ends above the lower bound `ceil(total / pack_len)`, the least-full packs are
-  repacked into one fewer by subset sums while that succeeds, within a bounded amount of work
-  (`flatcollate.data.repack`).
-- `"first_fit"`: in data order, each into the first pack that fits (a max segment tree over packs).
-- `"next_fit"`: in data order, a new pack whenever the next sequence does not fit the current one.
+- `"bfd"` best-fit decreasing: longest first, each into the fullest pack that still fits; equal lengths placed in
+  bulk, packs bucketed by remaining capacity (1M sequences in about a second); above `ceil(total / pack_len)` packs,
+  the least-full are repacked into one fewer by subset sums, in bounded work (`flatcollate.data.repack`).
+- `"first_fit"`: in data order, each into the first pack that fits; `"next_fit"`: a new pack whenever the next
+  sequence does not fit the current one.
 
-Over-long sequences (longer than `pack_len`) raise by default; `overlong="truncate"` packs their first `pack_len`
-tokens; `overlong="split"` cuts them into `pack_len` pieces (see `split_lengths`), and the returned indices then refer
-to those pieces. `PackingStats` reports what packing a dataset did (`flatcollate.data.dataset.pack_dataset`).
+Over-long sequences raise by default; `overlong="truncate"` packs their first `pack_len` tokens, `"split"` cuts them
+into `pack_len` pieces (`split_lengths`). `PackingStats` reports what packing did (`pack_dataset`).
 """
 
 from bisect import bisect_left, insort
