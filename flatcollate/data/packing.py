@@ -1,7 +1,6 @@
 """Bin packing of sequence lengths into packs of at most `pack_len` tokens.
 
-A pack is one training row that holds several whole sequences back to back; the flattening collator later restarts
-positions at every sequence inside it (from the pack's `seq_lengths`)::
+A pack is one row of whole sequences back to back; the collator restarts positions in it (its `seq_lengths`)::
 
     lengths   [5, 2, 3, 6, 4]            pack_len 8
     bfd       pack 0: [3]    6 + 2 = 8   -> sequences 1, 3
@@ -36,13 +35,11 @@ OVERLONG = ("error", "truncate", "split")
 class PackingStats:
     """What packing did: counts, fill and padding, over-long sequences, and what happened to each column.
 
-    `fill` is real tokens over `num_packs * pack_len`. `padding_saved` compares the packs, each padded to `pack_len`,
-    with what runs without packing: the sequences in data order, `padded_batch_size` at a time (as many as a pack holds
-    on average, rounded), each mini-batch padded to its longest (`padding_tokens_unpacked`), as `flatcollate bench`
-    pads its batches; negative when the packs pad more.
-    `carried_columns` were packed token by token, `folded_masks` folded into `labels`, `dropped_columns` left out (not
-    per token, or an all-ones `attention_mask`), `vision_columns` kept whole, one entry per packed example
-    (`data.vision_packing`). `num_sequences` counts the sequences packed; `num_empty` the empty rows dropped.
+    `fill`: real tokens over `num_packs * pack_len`. `padding_saved`: the packs (each padded to `pack_len`) against
+    the sequences in data order, `padded_batch_size` (a pack's mean) at a time, each padded to its longest
+    (`padding_tokens_unpacked`, as `flatcollate bench` pads); negative when the packs pad more. `carried_columns`
+    were packed token by token, `folded_masks` folded into `labels`, `dropped_columns` left out, `vision_columns` kept
+    one entry per packed example; `num_empty` counts the empty rows dropped.
     """
 
     num_sequences: int
