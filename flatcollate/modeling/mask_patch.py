@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
+from ..attention import ATTN_IMPLEMENTATION
 from ..forward_slot import saved_slot
 
 MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask")
@@ -40,6 +41,11 @@ class PositionedMaskBuilder:
         self.signature = inspect.signature(original)
 
     def __call__(self, *args, **kwargs):
+        config = kwargs.get("config", args[0] if args else None)
+        if getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
+            # The packed backend keeps sequences apart itself (and builds no mask): nothing to give, and nothing read
+            # that `torch.compile` would have to trace (the slot is a `ContextVar`).
+            return self.__wrapped__(*args, **kwargs)
         entry = saved_slot()
         if entry is None:  # not inside a flattened forward of a prepared model: untouched
             return self.__wrapped__(*args, **kwargs)

@@ -192,3 +192,11 @@ def test_guard_checks_every_call_under_compile():
     assert counter.compiles == 1
     with pytest.raises(ValueError, match="attention_mask"):
         compiled(**second, attention_mask=torch.ones_like(second["input_ids"]))
+
+
+def test_patched_mask_builders_of_the_family_do_not_break_the_graph():
+    # Another model of the family prepared on its own backend patches the module's mask builders; a model on the
+    # packed backend passes through them without reading the forward's slot, so dynamo still traces one graph.
+    prepare_model_for_flattening(tiny_causal_lm("llama"), attn_implementation=None)
+    two = explain(2)
+    assert (two.graph_count, two.graph_break_count) == (1, 0), two.break_reasons
