@@ -25,7 +25,7 @@ from .columns import (
     split_columns,
 )
 from .packing import PackingStats, check_lengths, pack_ids, split_lengths
-from .vision_packing import cap_images, check_overlong_images, gather_examples, images_per_row, vision_columns
+from .vision_packing import cap_vision, check_overlong_images, gather_examples, vision_columns
 
 logger = logging.getLogger("flatcollate.data.dataset")  # the logger of pack_dataset, whose warnings these are
 
@@ -52,6 +52,7 @@ def pack_table(
     shuffle_seed: int | None = None,
     empty: str = "drop",
     max_images_per_pack: int | None = None,
+    max_patches_per_pack: int | None = None,
     first_row: int = 0,
     log_left_out: bool = True,
 ) -> tuple[pa.Table, PackingStats]:
@@ -85,9 +86,9 @@ def pack_table(
     else:
         source, start, piece = np.arange(len(lengths)), np.zeros(len(lengths), np.int64), np.minimum(lengths, pack_len)
     pack_of = pack_ids(piece, pack_len, strategy=strategy)
-    if max_images_per_pack is not None:  # an image row is never cut: its pieces are whole rows
-        pieces_images = images_per_row(vision, images)[source] * (start == 0)
-        pack_of = cap_images(pack_of, pieces_images, max_images_per_pack, first_row=first_row)
+    caps = {"max_images_per_pack": max_images_per_pack, "max_patches_per_pack": max_patches_per_pack}
+    if any(cap is not None for cap in caps.values()):  # an image row is never cut: its pieces are whole rows
+        pack_of = cap_vision(pack_of, vision, images, np.where(start == 0, source, -1), caps, first_row=first_row)
     num_packs = int(pack_of.max()) + 1 if len(pack_of) else 0
     if shuffle_seed is not None:  # packed row j is pack permutation[j]
         rank = np.empty(num_packs, dtype=np.int64)

@@ -96,6 +96,7 @@ def pack_dataset(
     empty: str = "drop",
     shuffle_seed: int | None = None,
     max_images_per_pack: int | None = None,
+    max_patches_per_pack: int | None = None,
     batch_size: int = 1000,
     return_stats: bool = False,
 ) -> AnyDataset | tuple[AnyDataset, PackingStats]:
@@ -131,6 +132,9 @@ def pack_dataset(
         max_images_per_pack (`int`, *optional*): most images (and videos) in one pack of image-text rows, counted
             by the rows of their per-image fields (`image_grid_thw`, `image_sizes`, ...): the vision tower runs every
             image of a pack at once, so `pack_len` alone does not bound its memory. Packs over it are split.
+        max_patches_per_pack (`int`, *optional*): most vision patches in one pack's examples, `t * h * w` of every
+            row of `image_grid_thw` / `video_grid_thw` (one row of `pixel_values` each): what bounds the vision
+            tower's memory. Packs over it are split, every example whole; rows without a grid are refused.
         batch_size (`int`, *optional*, defaults to 1000): rows per chunk of an `IterableDataset`.
         return_stats (`bool`, *optional*, defaults to `False`): also return the `PackingStats` (a dict of them for a
             `DatasetDict`); a stream has none before it is read, so it raises for an `IterableDataset`.
@@ -156,10 +160,11 @@ def pack_dataset(
     """
     _check_options(pack_len, batch_size, strategy=strategy, overlong=overlong, empty=empty)
     options = {"strategy": strategy, "overlong": overlong, "empty": empty, "shuffle_seed": shuffle_seed}
-    if max_images_per_pack is not None:
-        if isinstance(max_images_per_pack, bool) or not isinstance(max_images_per_pack, int) or max_images_per_pack < 1:
-            raise ValueError(f"max_images_per_pack must be a positive int, got {max_images_per_pack!r}.")
-        options["max_images_per_pack"] = max_images_per_pack
+    for name, cap in (("max_images_per_pack", max_images_per_pack), ("max_patches_per_pack", max_patches_per_pack)):
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                raise ValueError(f"{name} must be a positive int, got {cap!r}.")
+            options[name] = cap
     if isinstance(dataset, datasets.DatasetDict | datasets.IterableDatasetDict):
         splits = {
             name: pack_dataset(split, pack_len, batch_size=batch_size, return_stats=return_stats, **options)

@@ -106,43 +106,107 @@ def images_per_row(table: pa.Table, names: list[str]) -> np.ndarray:
     return counts
 
 
-def cap_images(pack_of: np.ndarray, images: np.ndarray, max_images: int, *, first_row: int = 0) -> np.ndarray:
-    """Pack ids with every pack holding at most `max_images` images: a pack over the cap is split into new packs
-    (first-fit decreasing on its examples' images; its tokens already fit, and so do a subset's).
+PATCH_GRIDS = ("image_grid_thw", "video_grid_thw")
+"""Vision fields that state each image's (or video's) patches, `t * h * w` per row: what `patches_per_row` counts.
+Their families' `pixel_values` hold one row per patch; other fields (`image_sizes`, `spatial_shapes` with padded
+`pixel_values`) do not state what the tower encodes."""
+
+
+def patches_per_row(table: pa.Table, names: list[str]) -> np.ndarray:
+    """`(num_rows,)` int64 vision patches of every row: `t * h * w` summed over the rows of its grids (`PATCH_GRIDS`).
+
+    Raises:
+        `ValueError`: the rows have no grid (their fields do not state patch counts), or a grid row is not
+            `(t, h, w)`, naming the field.
+
+    >>> table = pa.table({"image_grid_thw": [[[1, 4, 4], [1, 2, 2]], None, [[2, 2, 4]]]})
+    >>> patches_per_row(table, ["image_grid_thw"]).tolist()
+    [20, 0, 16]
+    """
+    grids = [name for name in PATCH_GRIDS if name in names]
+    if not grids:
+        raise ValueError(
+            "max_patches_per_pack counts each row's vision patches as t*h*w of its grids "
+            f"({', '.join(PATCH_GRIDS)}); these rows have {', '.join(names) or 'no vision fields'}, which do not "
+            "state patch counts (pixel_values' first dimension is images, tiles or patches depending on the family). "
+            "Leave max_patches_per_pack out (max_images_per_pack counts images), or keep the grid in the rows."
+        )
+    counts = np.zeros(table.num_rows, dtype=np.int64)
+    for name in grids:
+        grid = one_array(table[name])
+        images = pc.fill_null(pc.list_value_length(grid), 0).to_numpy().astype(np.int64)
+        rows = grid.flatten()  # one (t, h, w) list per image, null rows skipped
+        if len(rows) and not (pc.list_value_length(rows).to_numpy(zero_copy_only=False) == 3).all():
+            raise ValueError(f"max_patches_per_pack reads `{name}` as one (t, h, w) row per image; some row is not.")
+        thw = rows.flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, 3)
+        counts += np.bincount(np.repeat(np.arange(table.num_rows), images), thw.prod(axis=1), table.num_rows).astype(
+            np.int64
+        )
+    return counts
+
+
+VISION_CAPS = {
+    "max_images_per_pack": (images_per_row, "images"),
+    "max_patches_per_pack": (patches_per_row, "vision patches"),
+}
+"""Each cap on a pack's vision content: how it counts every row, and the unit its messages name."""
+
+
+def cap_vision(
+    pack_of: np.ndarray, table: pa.Table, names: list[str], rows: np.ndarray, caps: dict, *, first_row: int = 0
+) -> np.ndarray:
+    """`pack_of` with every cap of `caps` (`VISION_CAPS` option -> int or None) held: each counted on the vision
+    columns `names` of `table` for the example of every piece (`rows`: `(E,)` int64 row of each piece, -1 for a
+    piece that is not a whole row, which holds no images), then split by `cap_packs`; splitting for one cap keeps
+    the others held."""
+    for option, cap in caps.items():
+        if cap is not None:
+            count, unit = VISION_CAPS[option]
+            counts = np.where(rows >= 0, count(table, names)[rows], 0)
+            pack_of = cap_packs(pack_of, counts, cap, option=option, unit=unit, first_row=first_row)
+    return pack_of
+
+
+def cap_packs(
+    pack_of: np.ndarray, counts: np.ndarray, cap: int, *, option: str, unit: str, first_row: int = 0
+) -> np.ndarray:
+    """Pack ids with every pack's examples holding at most `cap` images (or patches, ...): a pack over the cap is
+    split into new packs (first-fit decreasing on its examples' counts; its tokens already fit, and so do a subset's).
 
     Args:
         pack_of (`np.ndarray` of shape `(E,)`, int64): the pack of every example (`packing.pack_ids`).
-        images (`np.ndarray` of shape `(E,)`, int64): images of every example (`images_per_row`).
-        max_images (`int`): most images in one pack.
+        counts (`np.ndarray` of shape `(E,)`, int64): images (`images_per_row`), patches, ... of every example.
+        cap (`int`): most of them in one pack.
+        option (`str`), unit (`str`): the option and what it counts, for messages.
         first_row (`int`, *optional*, defaults to 0): number of the first example in messages.
 
     Returns:
         `np.ndarray` of shape `(E,)`, int64: pack ids, those of packs within the cap unchanged, new ones after them.
 
     Raises:
-        `ValueError`: an example with more images than `max_images`, naming it.
+        `ValueError`: an example with more than `cap`, naming it, its count and the fix.
 
-    >>> cap_images(np.array([0, 0, 0, 1]), np.array([2, 1, 2, 1]), 3).tolist()
-    [0, 0, 2, 1]
+    >>> cap_packs(np.array([0, 0, 0, 1]), np.array([2, 1, 2, 1]), 3, option="max_images_per_pack", unit="images")
+    array([0, 0, 2, 1])
     """
-    over = np.flatnonzero(images > max_images)
+    over = np.flatnonzero(counts > cap)
     if over.size:
         i = int(over[0])
         raise ValueError(
-            f"row {first_row + i} carries {images[i]} images > max_images_per_pack {max_images}; an example is never "
-            "cut. Raise max_images_per_pack, or filter such rows out."
+            f"row {first_row + i} carries {counts[i]} {unit} > {option} {cap}; an example is never cut. Raise {option} "
+            f"to at least {int(counts[over].max())}, or filter such rows out ({over.size} of them)."
         )
     pack_of = np.array(pack_of, dtype=np.int64)
-    totals = np.bincount(pack_of, weights=images, minlength=int(pack_of.max(initial=-1)) + 1)
+    totals = np.bincount(pack_of, weights=counts, minlength=int(pack_of.max(initial=-1)) + 1)
     next_pack = len(totals)
-    for pack in np.flatnonzero(totals > max_images):  # one pass per pack over the cap; the bin packing needs a loop
+    for pack in np.flatnonzero(totals > cap):  # one pass per pack over the cap; the bin packing needs a loop
         members = np.flatnonzero(pack_of == pack)
-        room: list[int] = []  # images left in each sub-pack; the first keeps the pack's id
-        for member in members[np.argsort(-images[members], kind="stable")]:
-            slot = next((k for k, left in enumerate(room) if left >= images[member]), len(room))
+        room: list[int] = []  # left in each sub-pack; the first keeps the pack's id
+        for member in members[np.argsort(-counts[members], kind="stable")]:
+            slot = next((k for k, left in enumerate(room) if left >= counts[member]), len(room))
             if slot == len(room):
-                room.append(max_images)
-            room[slot] -= int(images[member])
+                room.append(cap)
+            room[slot] -= int(counts[member])
             pack_of[member] = pack if slot == 0 else next_pack + slot - 1
         next_pack += len(room) - 1
     return pack_of

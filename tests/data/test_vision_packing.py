@@ -179,3 +179,51 @@ def test_max_images_per_pack_bounds_the_images_of_every_pack(encoded, processors
     assert max(sum(len(g or []) for g in pack["image_grid_thw"]) for pack in stream) <= cap
     with pytest.raises(ValueError, match=rf"row \d+ carries {cap} images > max_images_per_pack {cap - 1}"):
         pack_dataset(encoded, pack_len, max_images_per_pack=cap - 1)
+
+
+def test_max_patches_per_pack_bounds_the_vision_patches_of_every_pack(encoded, processors):  # noqa: F811
+    """The vision tower's memory follows the patches it encodes per pack: with `max_patches_per_pack`, no pack's
+    examples hold more patches (t*h*w of each `image_grid_thw` row; Qwen2-VL's `pixel_values` has one row per
+    patch) than the cap, every example is packed once with its images, and packs stay within `pack_len`. Without the
+    cap (the control) the same packing puts more patches in some pack."""
+
+    def patches(grid):
+        return 0 if grid is None else int(np.prod(grid, axis=-1).sum())
+
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    per_row = np.array([patches(grid) for grid in encoded["image_grid_thw"]])
+    assert [0 if p is None else len(p) for p in encoded["pixel_values"]] == per_row.tolist()  # one row per patch
+    pack_len, cap = int(lengths.sum()), int(per_row.max())
+    free = pack_dataset(encoded, pack_len)
+    assert max(sum(patches(g) for g in pack) for pack in free["image_grid_thw"]) > cap
+    packed, stats = pack_dataset(encoded, pack_len, max_patches_per_pack=cap, return_stats=True)
+    per_pack = [sum(patches(g) for g in pack) for pack in packed["image_grid_thw"]]
+    assert max(per_pack) <= cap and sum(per_pack) == per_row.sum()
+    assert [sum(0 if p is None else len(p) for p in pack) for pack in packed["pixel_values"]] == per_pack
+    assert sorted(n for row in packed["seq_lengths"] for n in row) == sorted(lengths.tolist())
+    assert max(sum(row) for row in packed["seq_lengths"]) <= pack_len and stats.num_packs == len(packed)
+    for pack in packed:  # each example's placeholders still meet its own grids
+        ids, start = np.asarray(pack["input_ids"]), 0
+        for n, grid in zip(pack["seq_lengths"], pack["image_grid_thw"], strict=True):
+            assert int((ids[start : start + n] == processors["qwen2_vl"].image_token_id).sum()) == patches(grid) // 4
+            start += n
+    most_images = max(len(g or []) for g in encoded["image_grid_thw"])  # both caps: splitting for one keeps the other
+    both = pack_dataset(encoded, pack_len, max_patches_per_pack=cap, max_images_per_pack=most_images)
+    assert max(sum(len(g or []) for g in pack) for pack in both["image_grid_thw"]) <= most_images
+    assert max(sum(patches(g) for g in pack) for pack in both["image_grid_thw"]) <= cap
+    stream = pack_dataset(encoded.to_iterable_dataset(), pack_len, max_patches_per_pack=cap, batch_size=4)
+    assert max(sum(patches(g) for g in pack["image_grid_thw"]) for pack in stream) <= cap
+    row = int(per_row.argmax())
+    with pytest.raises(ValueError, match=rf"row {row} carries {cap} vision patches > max_patches_per_pack {cap - 1}"):
+        pack_dataset(encoded, pack_len, max_patches_per_pack=cap - 1)
+    with pytest.raises(ValueError, match=r"max_patches_per_pack must be a positive int, got 0"):
+        pack_dataset(encoded, pack_len, max_patches_per_pack=0)
+
+
+def test_max_patches_per_pack_refuses_rows_that_do_not_state_patch_counts(encoded):
+    """`pixel_values` alone lays out images, tiles or patches by family: without a grid, the option is refused,
+    naming it and the fields the rows have."""
+    rows = encoded.remove_columns("image_grid_thw")
+    with pytest.raises(ValueError, match=r"max_patches_per_pack .*image_grid_thw.*these rows have pixel_values"):
+        pack_dataset(rows, 10**6, max_patches_per_pack=10**6)
+    pack_dataset(rows, 10**6)  # the control: the same rows pack without the option
