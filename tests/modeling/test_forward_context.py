@@ -245,7 +245,9 @@ class RenamedMambaForCausalLM(MambaForCausalLM):
 
 def test_a_mamba_under_another_model_type_runs_its_mixers_per_sequence(per_sequence, assert_exact):
     base = tiny_causal_lm("mamba")
-    renamed = RenamedMambaForCausalLM(RenamedMambaConfig(**base.config.to_dict())).eval()
+    settings = {key: value for key, value in base.config.to_dict().items() if key != "model_type"}
+    renamed = RenamedMambaForCausalLM(RenamedMambaConfig(**settings)).eval()
+    assert renamed.config.model_type == "renamed_mamba"
     renamed.load_state_dict(base.state_dict())
     model = prepare_model_for_flattening(renamed)
     parts = sequences([6, 3, 8])
@@ -271,7 +273,9 @@ def test_a_refused_family_under_another_model_type_is_still_refused():
     base = tiny_causal_lm("bamba")
     config_class = type("RenamedBambaConfig", (type(base.config),), {"model_type": "renamed_bamba"})
     renamed = type("RenamedBamba", (type(base),), {"config_class": config_class})
-    model = renamed(renamed.config_class(**base.config.to_dict()))
+    settings = {key: value for key, value in base.config.to_dict().items() if key != "model_type"}
+    model = renamed(renamed.config_class(**settings))
+    assert model.config.model_type == "renamed_bamba"
     with pytest.raises(ValueError, match="mamba-ssm"):
         prepare_model_for_flattening(model)
 
