@@ -64,16 +64,27 @@ def check_overlong_images(
     """
     if overlong == "error" or not names:
         return
-    bad = np.flatnonzero((lengths > pack_len) & rows_with_images(table, names))
-    if bad.size:
-        i = int(bad[0])
-        field = next(name for name in names if table[name][i].is_valid)
+    found = long_image_rows(table, names, lengths, pack_len)
+    if found is not None:
+        i, field, bad = found
         raise ValueError(
             f"row {first_row + i} is {lengths[i]} tokens > pack_len {pack_len} (image placeholders included) and "
             f"carries images (`{field}`); overlong={overlong!r} would cut it and separate its image placeholders from "
             f"its images ({bad.size} such rows). Raise pack_len to at least {int(lengths[bad].max())}, or filter "
             "these rows out before packing; an example with images is never cut."
         )
+
+
+def long_image_rows(table: pa.Table, names: list[str], lengths: np.ndarray, limit: int):
+    """`(first row, its vision field, every such row)` of the rows with images longer than `limit` tokens (`lengths`
+    `(num_rows,)` int64, placeholders included), or None: such a row is never cut."""
+    if not names:
+        return None
+    bad = np.flatnonzero((lengths > limit) & rows_with_images(table, names))
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    return i, next(name for name in names if table[name][i].is_valid), bad
 
 
 PER_IMAGE_ROWS = ("image_grid_thw", "video_grid_thw", "image_sizes", "spatial_shapes")
@@ -237,13 +248,9 @@ def check_image_rows_fit(dataset, lengths: np.ndarray, max_tokens) -> None:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not (lengths > max_tokens).any():
         return  # the constructor checks `max_tokens` and names text rows
     table = dataset.with_format("arrow")[:]
-    names = vision_columns(table)
-    if not names:
-        return
-    bad = np.flatnonzero((lengths > max_tokens) & rows_with_images(table, names))
-    if bad.size:
-        i = int(bad[0])
-        field = next(name for name in names if table[name][i].is_valid)
+    found = long_image_rows(table, vision_columns(table), lengths, max_tokens)
+    if found is not None:
+        i, field, bad = found
         raise ValueError(
             f"example {i} has {lengths[i]} tokens > max_tokens {max_tokens} (image placeholders included) and carries "
             f"images (`{field}`; {bad.size} such rows); an example with images is never cut, which would separate its "

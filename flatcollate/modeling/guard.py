@@ -95,14 +95,6 @@ def _flat_batch(model, state: PreparedState, arguments: dict, positions, restart
     return check_boundaries(arguments, positions, restarting=restarting)
 
 
-def _rows_of(arguments: dict) -> int | None:
-    for name in ("input_ids", "inputs_embeds"):
-        value = arguments.get(name)
-        if isinstance(value, torch.Tensor) and value.dim() >= 2:
-            return value.shape[0]
-    return None
-
-
 def _check_arguments(model, state: PreparedState, args: tuple, kwargs: dict) -> tuple[tuple, dict, FlatBatch | None]:
     """Raise for arguments that would mix sequences; the completed `(args, kwargs)` and the batch's `FlatBatch` (None
     for an ordinary batch)."""
@@ -120,13 +112,13 @@ def _check_arguments(model, state: PreparedState, args: tuple, kwargs: dict) -> 
     for feature in state.features:
         if feature.text_positions is not None:  # e.g. the text row of 3-D rotary positions
             positions = feature.text_positions(model, arguments)
-    rows = _rows_of(arguments)
-    if isinstance(positions, torch.Tensor) and positions.dim() == 2 and positions.shape[0] == 1 and (rows or 1) > 1:
+    rows_of_positions = isinstance(positions, torch.Tensor) and positions.dim() == 2
+    if rows_of_positions and positions.shape[0] == 1 and (rows := token_count(arguments, positions)[0]) > 1:
         positions = positions.expand(rows, positions.shape[1])  # one row of positions shared by every row
     has_boundaries = any(arguments.get(key) is not None for key in BOUNDARY_KEYS)  # no tensor data read
     restarting = None  # without boundaries, a mask or a cache, the boundaries of the positions decide (one copy)
     unmasked = arguments.get("attention_mask") is None and not any(arguments.get(k) is not None for k in _CACHE_KEYS)
-    if not has_boundaries and unmasked and isinstance(positions, torch.Tensor) and positions.dim() == 2:
+    if not has_boundaries and unmasked and rows_of_positions:
         restarting = Boundaries.from_position_ids(positions.to(token_count(arguments, positions)[2]))
         flattened = len(restarting.host) - 1 > positions.shape[0]  # more sequences than rows
     else:

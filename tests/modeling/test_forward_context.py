@@ -243,25 +243,26 @@ class RenamedMambaForCausalLM(MambaForCausalLM):
     config_class = RenamedMambaConfig
 
 
-def test_a_mamba_under_another_model_type_runs_its_mixers_per_sequence(per_sequence, assert_exact):
-    base = tiny_causal_lm("mamba")
+def renamed_mamba(base):
+    """`base`'s weights in a subclass registered under a `model_type` of its own, as `trust_remote_code` models are."""
     settings = {key: value for key, value in base.config.to_dict().items() if key != "model_type"}
     renamed = RenamedMambaForCausalLM(RenamedMambaConfig(**settings)).eval()
     assert renamed.config.model_type == "renamed_mamba"
     renamed.load_state_dict(base.state_dict())
-    model = prepare_model_for_flattening(renamed)
-    parts = sequences([6, 3, 8])
-    got = flat(model, **collate(parts))
-    assert_exact(got, per_sequence(base, parts))
-    with pytest.raises(AssertionError):  # negative control
-        assert_exact(got, per_sequence(base, recut(parts)))
+    return renamed
 
 
-def test_a_mamba_whose_config_model_type_was_edited_runs_its_mixers_per_sequence(per_sequence, assert_exact):
-    base = tiny_causal_lm("mamba")
+def edited_mamba(base):
+    """`base` with its config's `model_type` edited."""
     edited = copy.deepcopy(base)
     edited.config.model_type = "my_mamba"
-    model = prepare_model_for_flattening(edited)
+    return edited
+
+
+@pytest.mark.parametrize("disguise", [renamed_mamba, edited_mamba], ids=["subclass", "edited config"])
+def test_a_mamba_under_another_model_type_runs_its_mixers_per_sequence(disguise, per_sequence, assert_exact):
+    base = tiny_causal_lm("mamba")
+    model = prepare_model_for_flattening(disguise(base))
     parts = sequences([6, 3, 8])
     got = flat(model, **collate(parts))
     assert_exact(got, per_sequence(base, parts))
