@@ -12,9 +12,8 @@ builder does. A family gets a record here where it differs, for one of these rea
   never reaches (`unused_by_design`), and whether `FlatDPOTrainer` is proven on its images (`dpo_images`);
 - vision towers (`vision_config.model_type`): the class tokens before the patches (`class_tokens`).
 
-The rules that compute from a model or a config (the refusal of a family, its row-length limit, its image counts)
-stay with the feature that applies them; they read the record. Records hold strings and numbers only, so this module
-imports nothing from flatcollate.
+Rules that compute from a model or a config (a refusal, a row-length limit, image counts) stay with the feature
+that applies them and read the record. Records hold strings and numbers: this module imports nothing from flatcollate.
 
 >>> family_of("mamba").mixers
 ('MambaMixer',)
@@ -40,6 +39,8 @@ class Family:
             fit (measured: every other exact family runs a row longer than its position limit).
         mixers (`tuple[str, ...]`): class names of the layers that carry state along the row (state-space, linear
             attention, short convolutions), run once per sequence.
+        mixer_kernels (`tuple[tuple[str, str, str], ...]`): `(module, function, parameter)` of each optional kernel
+            the mixers hand the row's boundaries to; where all take them, a mixer runs once on the whole row.
         block_token_type (`int`, *optional*): the `token_type_ids` value whose runs attend bidirectionally (image
             blocks; `flatcollate.attention.bidirectional_blocks`).
         image_tokens (`tuple[str, ...]`, *optional*): how many placeholders each image fills: a rule of
@@ -64,6 +65,7 @@ class Family:
     own_backend: str | None = None
     row_length_limit: tuple[str, str] | None = None
     mixers: tuple[str, ...] = ()
+    mixer_kernels: tuple[tuple[str, str, str], ...] = ()
     block_token_type: int | None = None
     image_tokens: tuple[str, ...] | None = None
     grid_layout: bool = False
@@ -76,6 +78,10 @@ class Family:
 
 
 _MAMBA_KERNELS = "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`"
+_GATED_DELTA_KERNELS = (  # the forward's `**kwargs` to the convolution, its `cu_seq_lens_q` as the rule's `cu_seqlens`
+    ("causal_conv1d", "causal_conv1d_fn", "seq_idx"),
+    ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "cu_seqlens"),
+)
 _RECURRENT = "its recurrent layers carry state across sequence boundaries"
 _ROW_WIDE_CONV_MASK = (
     "its short-convolution and attention layers share a `conv_mask` over the whole row; running the convolutions "
@@ -122,14 +128,14 @@ FAMILIES: dict[str, Family] = {
     "minimax": Family(mixers=("MiniMaxLightningAttention",)),
     "mpt": Family(row_length_limit=("max_seq_len", "its ALiBi attention bias")),
     "nemotron_h": Family(mixers=("NemotronHMamba2Mixer",)),
-    "olmo_hybrid": Family(mixers=("OlmoHybridGatedDeltaNet",)),
+    "olmo_hybrid": Family(mixers=("OlmoHybridGatedDeltaNet",), mixer_kernels=_GATED_DELTA_KERNELS),
     "openai-gpt": Family(
         unsupported="its attention applies a fixed causal bias over the whole row, outside the attention interface"
     ),
-    "qwen3_5_moe_text": Family(mixers=("Qwen3_5MoeGatedDeltaNet",)),
-    "qwen3_5_text": Family(mixers=("Qwen3_5GatedDeltaNet",)),
-    "qwen3_next": Family(mixers=("Qwen3NextGatedDeltaNet",)),
-    "qwen4_exp_text": Family(mixers=("Qwen4ExpTextGatedDeltaNet",)),
+    "qwen3_5_moe_text": Family(mixers=("Qwen3_5MoeGatedDeltaNet",), mixer_kernels=_GATED_DELTA_KERNELS),
+    "qwen3_5_text": Family(mixers=("Qwen3_5GatedDeltaNet",), mixer_kernels=_GATED_DELTA_KERNELS),
+    "qwen3_next": Family(mixers=("Qwen3NextGatedDeltaNet",), mixer_kernels=_GATED_DELTA_KERNELS),
+    "qwen4_exp_text": Family(mixers=("Qwen4ExpTextGatedDeltaNet",), mixer_kernels=_GATED_DELTA_KERNELS),
     "recurrent_gemma": Family(unsupported=_RECURRENT),
     "roformer": Family(
         row_length_limit=("max_position_embeddings", "its sinusoidal position table, read by row position")
@@ -231,9 +237,8 @@ FAMILIES: dict[str, Family] = {
 _NOTHING = Family()
 
 MIXER_CLASSES = frozenset(name for family in FAMILIES.values() for name in family.mixers)
-"""Class names of every state-carrying layer the registry knows: a module whose class or any base class has one of
-these names is such a layer, whatever the model's `model_type` (a subclass registered under a name of its own, an
-edited config)."""
+"""Class names of every state-carrying layer the registry knows: a module whose class or a base class has one is
+such a layer, whatever the model's `model_type` (a subclass registered under a name of its own, an edited config)."""
 
 
 def is_mixer(module: Any) -> bool:
@@ -268,11 +273,7 @@ def family_of(config_or_model_type: Any) -> Family:
     config = config_or_model_type
     own = FAMILIES.get(getattr(config, "model_type", ""), _NOTHING)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    language = FAMILIES.get(getattr(text, "model_type", ""), _NOTHING)
-    if language is own or language is _NOTHING:
-        return own
-    # field by field: the model's own value where it has one, else its language model's
-    return Family(**{f.name: _own_or(getattr(own, f.name), getattr(language, f.name), f.default) for f in fields(own)})
+    return _merged([own, FAMILIES.get(getattr(text, "model_type", ""), _NOTHING)])  # its own values first
 
 
 def _own_or(own: Any, language: Any, default: Any) -> Any:
@@ -283,7 +284,7 @@ def _merged(records: list[Family]) -> Family:
     """Field by field, the first record's value that is not the default."""
     merged = _NOTHING
     for record in records:
-        if record is not _NOTHING:
+        if record is not _NOTHING and record is not merged:
             merged = record if merged is _NOTHING else Family(
                 **{f.name: _own_or(getattr(merged, f.name), getattr(record, f.name), f.default) for f in fields(merged)}
             )

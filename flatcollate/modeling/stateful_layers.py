@@ -7,11 +7,14 @@ those layers so that, for a flattened batch, each sees every sequence on its own
 were alone). Everything else in the model (attention through the packed backend, MLPs, norms) still runs once over
 the whole row.
 
-`"per_sequence"` (the default) calls the layer once per sequence. `"batched"` lays the row's sequences out as a
-right-padded batch (`Boundaries.padded()`), calls the layer once and gathers the outputs back: these layers are
-causal, so the padding after a sequence changes nothing before it. Both are exact; on a CPU, with transformers' own
-PyTorch paths of these layers, the per-sequence calls are the faster (docs/attention.md gives the figures), so they
-are the default; one call per layer is what the layers' varlen kernels on a GPU would want::
+Where a family's layers hand the forward's boundaries to optional kernels that take them (`Family.mixer_kernels`:
+fla's `chunk_gated_delta_rule(cu_seqlens=...)` and causal-conv1d's `causal_conv1d_fn(seq_idx=...)` for the gated
+delta rule) and each is installed with that parameter, `"kernels"` calls the layer once on the whole row, its
+boundaries in the keyword arguments; `"auto"` (the default) takes it there, and `"per_sequence"` elsewhere.
+`"per_sequence"` calls the layer once per sequence. `"batched"` lays the row's sequences out as a right-padded batch
+(`Boundaries.padded()`), calls the layer once and gathers the outputs back: these layers are causal, so the padding
+after a sequence changes nothing before it. Both are exact; on a CPU, with transformers' own PyTorch paths of these
+layers, the per-sequence calls are the faster (docs/attention.md gives the figures)::
 
     row       [a0 a1 a2 | b0 | c0 c1]          batched   [a0 a1 a2]   one call, outputs at the valid
                                                          [b0 .  . ]   tokens gathered back in row order
@@ -28,8 +31,9 @@ from transformers import PreTrainedModel
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .._conventions import BOUNDARIES_KEY, FLASH_KWARG_KEYS, HOST_BOUNDARIES_KEY
+from ..attention.capabilities import exposed, parameters
 from ..boundaries import Boundaries
-from ..families import is_mixer
+from ..families import family_of, is_mixer
 from ..forward_slot import forward_slot, run_with_slot, saved_slot
 from .prepared_state import Feature, FlatBatch, add_feature, state_of
 
@@ -132,6 +136,9 @@ def _segmented_forward(
     boundaries = forward_slot(owner)
     if boundaries is None or hidden_states.dim() < 2 or hidden_states.shape[:2] != (1, boundaries.total):
         return forward(hidden_states, *args, **kwargs)
+    if mode == "kernels":  # the layer hands the row's boundaries to kernels that take them: one call on the row
+        row = {"cu_seq_lens_q": boundaries.cu_seqlens, "seq_idx": boundaries.seq_idx[None]}
+        return forward(hidden_states, *args, **{**kwargs, **row})
     bounds = boundaries.host
     if len(bounds) <= 2:  # one sequence: nothing to keep apart
         return forward(hidden_states, *args, **kwargs)
@@ -160,11 +167,32 @@ def _checkpoint_with_slot(checkpoint: Callable, function: Callable, *args, **kwa
     return checkpoint(functools.partial(run_with_slot, saved_slot(), function), *args, **kwargs)
 
 
-MODES = ("per_sequence", "batched")
-"""How a wrapped layer runs a flattened row's sequences: one call each, or one call on them as a padded batch."""
+MODES = ("auto", "kernels", "per_sequence", "batched")
+"""How a wrapped layer runs a flattened row's sequences: once on the row through its own kernels, one call each, or
+one call on them as a padded batch; `"auto"` is `"kernels"` where they are installed, else `"per_sequence"`."""
 
 
-def segment_mixers(model: PreTrainedModel, *, mode: str = "per_sequence") -> int:
+def missing_kernels(model: PreTrainedModel) -> list[str] | None:
+    """What the mixers of `model` lack to run a row through their own kernels: each `module.function(parameter)` of
+    `Family.mixer_kernels` that is not installed or takes no such parameter (`[]`: nothing lacks). `None` where the
+    family's layers hand no boundaries to kernels. Read from what each installed function exposes, as
+    transformers' kernel fallbacks resolve it (`use_kernel_func_from_hub_with_fallback`).
+
+    >>> from flatcollate.testing import tiny_causal_lm
+    >>> missing_kernels(tiny_causal_lm("mamba")) is None, missing_kernels(tiny_causal_lm("qwen3_next"))[-1]
+    (True, 'fla.ops.gated_delta_rule.chunk_gated_delta_rule(cu_seqlens)')
+    """
+    kernels = family_of(model).mixer_kernels
+    if not kernels:
+        return None
+    return [
+        f"{module}.{function}({parameter})"
+        for module, function, parameter in kernels
+        if parameter not in parameters(exposed(module, function))
+    ]
+
+
+def segment_mixers(model: PreTrainedModel, *, mode: str = "auto") -> int:
     """Make the stateful token mixers of `model` run once per sequence on flattened batches (in place, once).
 
     The layers are found from the model's modules (`flatcollate.families.is_mixer`: a known mixer class or a subclass
@@ -175,7 +203,9 @@ def segment_mixers(model: PreTrainedModel, *, mode: str = "per_sequence") -> int
 
     Args:
         model (`PreTrainedModel`): the prepared top-level model.
-        mode (`str`): `"per_sequence"` (one call per sequence) or `"batched"` (one call per layer per forward).
+        mode (`str`): `"auto"` (the layers' own kernels where installed, else one call per sequence), `"kernels"`
+            (those kernels, or `ValueError` naming what is missing), `"per_sequence"` or `"batched"` (one call per
+            layer on the sequences as a padded batch).
 
     Returns:
         `int`: how many layers were wrapped (0 for other families, or when already done).
@@ -190,6 +220,16 @@ def segment_mixers(model: PreTrainedModel, *, mode: str = "per_sequence") -> int
         return 0
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+    if mode in ("auto", "kernels"):
+        missing = missing_kernels(model)
+        if mode == "kernels" and missing != []:
+            lacking = f"it lacks {', '.join(missing)}" if missing else "its layers hand no boundaries to kernels"
+            raise ValueError(
+                f"mode='kernels' runs each state-carrying layer once on the row through its own kernels, but {lacking} "
+                "(install flash-linear-attention and causal-conv1d on a GPU). Use mode='auto', 'per_sequence' or "
+                "'batched'."
+            )
+        mode = "kernels" if missing == [] else "per_sequence"
     add_feature(model, Feature("state-carrying layers", changes=keep_slot_for_recompute))
     for module in mixers:
         inner = vars(module).get("forward")  # a forward already set on the instance keeps being called
