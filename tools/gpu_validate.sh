@@ -80,8 +80,9 @@ if torch.cuda.is_available():
           "| with soft-capping:", select_kernel(q, softcap=30.0, dropout=0.0))
 '
 # -rs lists every skipped test with its reason: a real-kernel test skipped on a GPU machine is worth reading.
-step "Attention tests (real kernels vs references)" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/attention \
-    tests/bench/test_throughput.py::test_cuda_memory_is_measured_when_available
+step "Attention and state-carrying-layer tests (real kernels vs references)" "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/attention \
+    tests/bench/test_throughput.py::test_cuda_memory_is_measured_when_available \
+    tests/modeling/test_mixer_kernels.py::test_real_kernels_on_cuda
 HAS_CUDA=0
 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' && HAS_CUDA=1
 for family in $FAMILIES; do
