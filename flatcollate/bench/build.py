@@ -5,7 +5,7 @@ through the host: no CPU initialisation, no copy), and the summary the report pr
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..testing.tiny_text import apply_overrides, check_overrides, load_config, tiny_config
+from ..testing.tiny_text import apply_overrides, check_overrides, load_config, sdpa_or_eager, tiny_config
 from .config import CPU_MODEL
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -30,8 +30,8 @@ def model_config(config) -> PretrainedConfig:
 def build_on_device(
     auto_class, model_config: PretrainedConfig, *, device: torch.device | str, dtype: str, seed: int
 ) -> PreTrainedModel:
-    """`auto_class.from_config(model_config)` with SDPA in `dtype` (a name of `DTYPES`), its weights drawn after
-    `torch.manual_seed(seed)` on `device`, in train mode.
+    """`auto_class.from_config(model_config)` with SDPA (eager where the family has none) in `dtype` (a name of
+    `DTYPES`), its weights drawn after `torch.manual_seed(seed)` on `device`, in train mode.
 
     >>> from transformers import AutoModelForCausalLM
     >>> model = build_on_device(AutoModelForCausalLM, tiny_config("llama"), device="meta", dtype="float32", seed=0)
@@ -40,7 +40,8 @@ def build_on_device(
     """
     torch.manual_seed(seed)
     with torch.device(device):
-        model = auto_class.from_config(model_config, attn_implementation="sdpa", dtype=DTYPES[dtype])
+        attention = sdpa_or_eager(auto_class._model_mapping[type(model_config)])
+        model = auto_class.from_config(model_config, attn_implementation=attention, dtype=DTYPES[dtype])
     return model.train()
 
 

@@ -51,9 +51,17 @@ def linear_parameters(model: torch.nn.Module) -> int:
 
 
 def attention_width(config) -> tuple[int, int]:
-    """`(layers, heads * head_dim)` of the text model of `config`."""
+    """`(layers, heads * head_dim)` of the text model of `config`; width 0 for a model without attention heads (Mamba:
+    its layers count as their linear layers).
+
+    >>> from flatcollate.testing import tiny_config
+    >>> attention_width(tiny_config("mamba2"))[1]
+    0
+    """
     text = config.get_text_config()
-    heads = text.num_attention_heads
+    heads = getattr(text, "num_attention_heads", None)
+    if not heads:
+        return text.num_hidden_layers, 0
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return text.num_hidden_layers, heads * head_dim
 

@@ -185,11 +185,20 @@ def tiny_causal_lm(
     """
     config = tiny_config(model, **overrides)
     model_class = AutoModelForCausalLM._model_mapping[type(config)]
-    if attn_implementation == "sdpa" and not model_class._supports_sdpa:
-        attn_implementation = "eager"  # families without an SDPA path (e.g. Gemma 2's soft-capping) run eager
     torch.manual_seed(seed)
+    attn_implementation = sdpa_or_eager(model_class) if attn_implementation == "sdpa" else attn_implementation
     built = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
     return built.eval()
+
+
+def sdpa_or_eager(model_class: type[PreTrainedModel]) -> str:
+    """`"sdpa"`, or `"eager"` for a family without an SDPA path (Gemma 2's soft-capping, Mamba 2 with no attention).
+
+    >>> from transformers import LlamaForCausalLM, Mamba2ForCausalLM
+    >>> sdpa_or_eager(LlamaForCausalLM), sdpa_or_eager(Mamba2ForCausalLM)
+    ('sdpa', 'eager')
+    """
+    return "sdpa" if model_class._supports_sdpa else "eager"
 
 
 def _defines(config: PretrainedConfig, name: str) -> bool:

@@ -8,6 +8,7 @@ from flatcollate.bench import timing
 from flatcollate.bench.build import build_on_device, model_config
 from flatcollate.bench.config import SFTBenchConfig
 from flatcollate.bench.flops import attention_width, linear_parameters, mfu, peak_flops, training_flops
+from flatcollate.bench.tasks import sft
 from flatcollate.testing import tiny_config
 
 
@@ -70,3 +71,14 @@ def test_free_memory_is_read_from_the_gpu_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * 2**30, 80 * 2**30))
     assert options.available_bytes("cuda") == 3 * 2**30
     assert options.available_bytes("cpu") > 0
+
+
+@pytest.mark.parametrize(
+    "model_type", ["mamba2", *(pytest.param(name, marks=pytest.mark.slow) for name in ("falcon_h1", "lfm3"))]
+)
+def test_the_sft_bench_measures_state_carrying_families_in_every_mixer_mode(model_type):
+    # mamba2 has no attention at all: built eager (no SDPA path), and its FLOPs count no attention width
+    config = SFTBenchConfig(model=model_type, batch_size=3, max_length=64, steps=1, warmup_steps=0, tiny=True)
+    for mode in ("padded", "flattened", "flattened_batched"):
+        result = sft.measure(config, mode, torch.device("cpu"))
+        assert result["losses"][0] > 0 and result["pass_flops"] > 0, (mode, result)

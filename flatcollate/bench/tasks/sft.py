@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from ...profiles.load import load_profile, padded_fill
 from ...synthetic.sequences import SyntheticSequences, synthetic_sequences
+from ...testing.tiny_text import sdpa_or_eager
 from ..batches import Plan, default_pack_len, plan_modes, real_tokens, step_batches
 from ..build import build_on_device, model_config, model_summary
 from ..config import BATCHED_MODE, PEER_MODE, SFTBenchConfig
@@ -80,7 +81,7 @@ def measure(config: SFTBenchConfig, mode: str, device: torch.device) -> dict:
     if mode != PEER_MODE:  # transformers' own padding-free path runs on a model flatcollate has not prepared
         model = prepare_model_for_flattening(model)
         flat = register_packed_attention() if config.attn == "auto" else config.attn
-        model.set_attn_implementation("sdpa" if mode.startswith("padded") else flat)
+        model.set_attn_implementation(sdpa_or_eager(type(model)) if mode.startswith("padded") else flat)
     plan = plan_batches(config, vocab_size=model.config.vocab_size, modes=[mode])
     figures = timed_pass(TrainingSteps(model, lr=config.lr), plan.batches[mode], plan.warm_batches[mode], device=device)
     return {
