@@ -77,7 +77,6 @@ class Family:
     dpo_images: bool = False
 
 
-_MAMBA_KERNELS = "its Mamba layers need the mamba-ssm kernels to honour `seq_idx`"
 _GATED_DELTA_KERNELS = (  # the forward's `**kwargs` to the convolution, its `cu_seq_lens_q` as the rule's `cu_seqlens`
     ("causal_conv1d", "causal_conv1d_fn", "seq_idx"),
     ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "cu_seqlens"),
@@ -105,7 +104,7 @@ _POST_LAYERNORM = (
 FAMILIES: dict[str, Family] = {
     # ---- text families ----
     "bailing_hybrid": Family(mixers=("BailingHybridDeltaAttention",)),
-    "bamba": Family(unsupported=_MAMBA_KERNELS),
+    "bamba": Family(mixers=("BambaMixer",)),
     "big_bird": Family(row_length_limit=("max_position_embeddings", "its token-type buffer")),
     "cpmant": Family(unsupported="its attention adds a position bias and segment mask over the whole row"),
     "deepseek_v4": Family(
@@ -116,7 +115,7 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": Family(mixers=("FalconH1Mixer",)),
     "falcon_mamba": Family(mixers=("FalconMambaMixer",)),
     "gpt_neo": Family(row_length_limit=("max_position_embeddings", "its local-attention bias")),
-    "granitemoehybrid": Family(unsupported=_MAMBA_KERNELS),
+    "granitemoehybrid": Family(mixers=("GraniteMoeHybridMambaLayer",)),
     "inkling_text": Family(unsupported=_ROW_WIDE_CONV_MASK),
     "inkling2_text": Family(unsupported=_ROW_WIDE_CONV_MASK),
     "jamba": Family(mixers=("JambaMambaMixer",)),
@@ -149,7 +148,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "xlstm": Family(unsupported=_RECURRENT),
     "zamba": Family(mixers=("ZambaMambaMixer",)),
-    "zamba2": Family(unsupported=_MAMBA_KERNELS),
+    "zamba2": Family(mixers=("Zamba2MambaMixer",)),
     "zaya": Family(unsupported=_RECURRENT),
     # ---- image-text families ----
     "aria": Family(

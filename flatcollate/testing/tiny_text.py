@@ -212,14 +212,27 @@ def _settable(config: PretrainedConfig, name: str) -> bool:
     return not (isinstance(attribute, property) and attribute.fset is None)
 
 
+_STATE_SPACE_HEADS = {  # model_type: (heads, head size, expand, groups) of the config's Mamba-2 mixers
+    "mamba2": ("num_heads", "head_dim", "expand", "n_groups"),
+    "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_expand", "mamba_n_groups"),
+    "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_expand", "mamba_n_groups"),
+    "zamba2": ("n_mamba_heads", "mamba_headdim", "mamba_expand", "mamba_ngroups"),
+}
+
+
 def _fit_state_space_heads(config: PretrainedConfig, overrides: dict) -> None:
-    """Mamba-2 style configs tie `num_heads * head_dim` to `expand * hidden_size`; keep that true after shrinking."""
-    if "num_heads" in overrides or not all(_defines(config, n) for n in ("expand", "head_dim", "num_heads")):
+    """Mamba-2 mixers tie `heads * head size` to `expand * hidden_size`; keep that true after shrinking (a head size
+    that does not divide the new width becomes 16), with one group."""
+    names = _STATE_SPACE_HEADS.get(config.model_type)
+    if names is None or names[0] in overrides or not all(_defines(config, n) for n in names[:3]):
         return
-    if config.model_type in ("mamba2",):
-        config.num_heads = config.expand * config.hidden_size // config.head_dim
-        if _defines(config, "n_groups"):
-            config.n_groups = 1
+    heads, size, expand, groups = names
+    width = int(getattr(config, expand) * config.hidden_size)
+    if getattr(config, size) > width or width % getattr(config, size):
+        setattr(config, size, 16)
+    setattr(config, heads, width // getattr(config, size))
+    if _defines(config, groups):
+        setattr(config, groups, 1)
 
 
 def _per_layer_length(config: PretrainedConfig) -> int | None:

@@ -271,13 +271,13 @@ def test_a_mamba_under_another_model_type_runs_its_mixers_per_sequence(disguise,
 
 
 def test_a_refused_family_under_another_model_type_is_still_refused():
-    base = tiny_causal_lm("bamba")
-    config_class = type("RenamedBambaConfig", (type(base.config),), {"model_type": "renamed_bamba"})
-    renamed = type("RenamedBamba", (type(base),), {"config_class": config_class})
+    base = tiny_causal_lm("openai-gpt")
+    config_class = type("RenamedGPTConfig", (type(base.config),), {"model_type": "renamed_gpt"})
+    renamed = type("RenamedGPT", (type(base),), {"config_class": config_class})
     settings = {key: value for key, value in base.config.to_dict().items() if key != "model_type"}
     model = renamed(renamed.config_class(**settings))
-    assert model.config.model_type == "renamed_bamba"
-    with pytest.raises(ValueError, match="mamba-ssm"):
+    assert model.config.model_type == "renamed_gpt"
+    with pytest.raises(ValueError, match="fixed causal bias"):
         prepare_model_for_flattening(model)
 
 

@@ -29,6 +29,38 @@ def test_stateful_families_are_exact_only_with_segmented_mixers(model_type):
     assert statuses["eager"].status != "exact", "without segmenting, state must leak (or the family refuse)"
 
 
+MAMBA2_HYBRIDS = {  # tiny models with an attention layer between two Mamba-2 layers
+    "bamba": {"num_hidden_layers": 3, "attn_layer_indices": [1]},
+    "granitemoehybrid": {
+        "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    },
+    "zamba2": {  # its shared attention block, sized as its config derives it from hidden_size=64
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "hybrid", "linear_attention"],
+        "hybrid_layer_ids": [1],
+        "attention_hidden_size": 128,
+        "head_dim": 32,
+        "num_query_groups": 4,
+        "kv_channels": 16,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "model_type", [name if name == "bamba" else pytest.param(name, marks=pytest.mark.slow) for name in MAMBA2_HYBRIDS]
+)
+def test_mamba2_hybrids_with_attention_layers_are_exact_with_their_mixers_run_per_sequence(model_type):
+    overrides = MAMBA2_HYBRIDS[model_type]
+    model = tiny_causal_lm(model_type, **overrides)
+    assert any(is_mixer(m) for m in model.modules())
+    assert any(type(m).__name__.endswith("Attention") for m in model.modules())
+    report = check_model(model_type, backends=("eager", "flatcollate"), lengths=LENGTHS, overrides=overrides)
+    statuses = {r.backend: r for r in report.results}
+    assert statuses["flatcollate"].status == "exact", statuses["flatcollate"]
+    assert statuses["eager"].status == "contaminated", "without segmenting, state must leak"
+
+
 @pytest.mark.parametrize(("mode", "calls"), [("batched", [(4, 12)]), ("per_sequence", [(1, n) for n in LENGTHS])])
 def test_one_call_on_the_padded_sequences_or_one_per_sequence_and_unflattened_rows_one_call(mode, calls):
     model = tiny_causal_lm("mamba2", seed=0)
