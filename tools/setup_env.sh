@@ -30,5 +30,9 @@ elif [[ -n "${TORCH_SPEC:-}${TORCH_INDEX_URL:-}" ]]; then
     grep -v '^torch==' tools/constraints.txt > "$constraints"
 fi
 "$venv"/bin/python -m pip install -q ${LATEST:+--upgrade} -c "$constraints" -e ".[${EXTRAS:-bench,test}]"
+# fla's naive PyTorch references (the proofs of the state-carrying layers' kernel path read them from here): kept off
+# the import path, where an fla without Triton would be found as a kernel that cannot load
+"$venv"/bin/python -m pip install -q -c "$constraints" einops
+"$venv"/bin/python -m pip install -q --no-deps --upgrade --target "$venv/references" fla-core==0.6.0
 "$venv"/bin/python -c "import flatcollate, torch, transformers; print('flatcollate', flatcollate.__version__, \
 '| torch', torch.__version__, '| transformers', transformers.__version__)"

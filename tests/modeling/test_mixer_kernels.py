@@ -2,21 +2,27 @@
 boundaries: fla's `chunk_gated_delta_rule(cu_seqlens=...)` and causal-conv1d's `causal_conv1d_fn(seq_idx=...)`.
 
 Neither kernel runs on a CPU (fla's are Triton; causal-conv1d builds only with nvcc), so these tests install
-stand-ins under the real module paths with the real signatures (fla 0.6.0, causal-conv1d 1.5). Each computes every
-sequence its boundaries name through transformers' own PyTorch reference of the op (the fallback of
-`use_kernel_func_from_hub_with_fallback`), and the model's functions are re-resolved by that same transformers
-decorator, as importing the model with the packages installed does. What is proven is flatcollate's side: the
+stand-ins under the real module paths with the real signatures (fla 0.6.0, checked against the installed fla-core's
+source; causal-conv1d 1.5, which does not install without nvcc). Each computes every sequence its boundaries name
+through a library's own PyTorch reference: transformers' (the fallback of `use_kernel_func_from_hub_with_fallback`)
+or, for the rule, fla's `naive_recurrent_gated_delta_rule` where fla-core is installed (its naive module needs no
+Triton). The model's functions are re-resolved by that same transformers decorator, as importing the model with the
+packages installed does. What is proven is flatcollate's side: the
 boundaries reach the kernels, one call per layer, exact against every sequence alone; a kernel that ignores them is
 caught; a missing kernel or one without the parameter keeps one call per sequence. `test_real_kernels_on_cuda` runs
 the installed kernels themselves where a GPU has them.
 """
 
+import ast
 import collections
 import copy
 import importlib
+import importlib.util
+import inspect
 import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,13 +42,55 @@ KERNEL_FAMILIES = [  # every family whose mixers hand boundaries to kernels; one
 ]
 
 
-def install_kernels(monkeypatch, model_type, *, honour=True, conv=True, rule=True, rule_takes_cu_seqlens=True):
+def fla_source() -> Path | None:
+    """fla-core's `ops/gated_delta_rule` folder, found without importing fla (its package root imports Triton): the
+    installed package's, or the copy `tools/setup_env.sh` keeps off the import path (`<venv>/references`); None
+    where there is neither."""
+    spec = importlib.util.find_spec("fla")
+    roots = [Path(spec.submodule_search_locations[0])] if spec is not None else []
+    roots.append(Path(sys.prefix) / "references" / "fla")
+    folders = [root / "ops" / "gated_delta_rule" for root in roots]
+    return next((folder for folder in folders if (folder / "naive.py").is_file()), None)
+
+
+def fla_naive_recurrence():
+    """fla's own `naive_recurrent_gated_delta_rule` (PyTorch and einops only), loaded from its file."""
+    folder = fla_source()
+    if folder is None:
+        pytest.skip("fla-core is not installed (tools/setup_env.sh puts its naive PyTorch references, which need no "
+                    "Triton, in <venv>/references)")
+    spec = importlib.util.spec_from_file_location("fla_naive_gated_delta_rule", folder / "naive.py")
+    naive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(naive)
+    return naive.naive_recurrent_gated_delta_rule
+
+
+def fla_rule_through_naive(module):
+    """`(q, k, v, g, beta, use_qk_l2norm_in_kernel)` of one sequence through fla's naive recurrence, with the
+    normalisation and value-head grouping transformers' PyTorch path applies before its own rule."""
+    naive = fla_naive_recurrence()
+
+    def rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=False):
+        if use_qk_l2norm_in_kernel:
+            q, k = module.l2norm(q), module.l2norm(k)
+        groups = v.shape[2] // q.shape[2]
+        q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
+        return naive(q, k, v, beta, g)[0].to(v.dtype), None
+
+    return rule
+
+
+def install_kernels(
+    monkeypatch, model_type, *, honour=True, conv=True, rule=True, rule_takes_cu_seqlens=True, reference="transformers"
+):
     """Stand-ins for causal-conv1d and fla (see the module docstring), resolved into `model_type`'s modeling module by
-    transformers' own decorator. `honour=False`: kernels that take the boundaries and ignore them. Returns the list
-    every call appends `(function, boundaries given)` to."""
+    transformers' own decorator. `honour=False`: kernels that take the boundaries and ignore them. `reference`: whose
+    PyTorch rule computes each sequence (`"transformers"` or `"fla"`). Returns the list every call appends
+    `(function, boundaries given)` to."""
     module = importlib.import_module(type(tiny_causal_lm(model_type)).__module__)
     conv_reference = module.causal_conv1d_fn.__wrapped__
-    rule_reference = module.torch_chunk_gated_delta_rule.__wrapped__
+    torch_rule = module.torch_chunk_gated_delta_rule.__wrapped__
+    rule_reference = torch_rule if reference == "transformers" else fla_rule_through_naive(module)
     calls = []
 
     def causal_conv1d_fn(
@@ -89,10 +137,17 @@ def install_kernels(monkeypatch, model_type, *, honour=True, conv=True, rule=Tru
             setattr(sys.modules[parent], child, package)
     resolve = use_kernel_func_from_hub_with_fallback
     monkeypatch.setattr(module, "causal_conv1d_fn", resolve("causal_conv1d_fn", "causal_conv1d")(conv_reference))
-    monkeypatch.setattr(
-        module, "torch_chunk_gated_delta_rule", resolve("chunk_gated_delta_rule", "fla")(rule_reference)
-    )
+    monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", resolve("chunk_gated_delta_rule", "fla")(torch_rule))
     return calls
+
+
+def test_the_rule_stand_in_takes_fla_s_real_parameters(monkeypatch):
+    fla_naive_recurrence()  # skips where fla-core is not installed
+    tree = ast.parse((fla_source() / "chunk.py").read_text())
+    real = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "chunk_gated_delta_rule").args
+    names = [a.arg for a in (*real.posonlyargs, *real.args, *real.kwonlyargs)] + [real.kwarg.arg] * bool(real.kwarg)
+    install_kernels(monkeypatch, "qwen3_next")
+    assert list(inspect.signature(sys.modules["fla.ops.gated_delta_rule"].chunk_gated_delta_rule).parameters) == names
 
 
 def prepared_counting_calls(base):
@@ -109,11 +164,12 @@ def prepared_counting_calls(base):
     return prepare_model_for_flattening(model), calls
 
 
+@pytest.mark.parametrize("reference", ["transformers", "fla"])
 @pytest.mark.parametrize("model_type", KERNEL_FAMILIES)
 def test_one_call_per_layer_on_the_row_through_its_kernels_exact_against_each_sequence_alone(
-    model_type, monkeypatch, per_sequence, assert_exact
+    model_type, reference, monkeypatch, per_sequence, assert_exact
 ):
-    kernel_calls = install_kernels(monkeypatch, model_type)
+    kernel_calls = install_kernels(monkeypatch, model_type, reference=reference)
     base = tiny_causal_lm(model_type, seed=0)
     model, layer_calls = prepared_counting_calls(base)  # mode "auto": the kernels are installed
     assert missing_kernels(model) == []
