@@ -22,6 +22,8 @@ NO_STATIC_CACHE = {
     **dict.fromkeys(
         (
             "bailing_hybrid",
+            "bamba",
+            "granitemoehybrid",
             "jamba",
             "kimi_linear",
             "lfm3",
@@ -31,6 +33,7 @@ NO_STATIC_CACHE = {
             "qwen3_next",
             "qwen4_exp_text",
             "zamba",
+            "zamba2",
         ),
         "its static cache has no attention layer to count the prompt from (`get_seq_length` raises)",
     ),
