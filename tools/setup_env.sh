@@ -9,19 +9,25 @@
 # EXTRAS picks the extras installed with flatcollate (default bench,test: the benchmark's plots, what the tests need).
 #
 # LATEST=1 creates .venv-latest instead, with the newest releases pip resolves (torch, transformers, TRL, ...: no
-# constraints), as a user installing without them gets; CI runs the fast tier there too.
+# constraints), as a user installing without them gets, and the vision extra: torchvision, installed in the same pip
+# call as torch so that pip picks the build made for it (each torchvision pins one torch release), for the video
+# tests; CI runs the fast tier there too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10) and "flatcollate needs Python >= 3.10")'
 venv=.venv
 torch_spec=${TORCH_SPEC:-torch==2.13.0}
+extras=${EXTRAS:-bench,test}
+vision=()
 if [[ -n "${LATEST:-}" ]]; then
     venv=.venv-latest
     torch_spec=${TORCH_SPEC:-torch}
+    extras=${EXTRAS:-bench,test,vision}
+    vision=(torchvision)
 fi
 python3 -m venv "$venv"
 "$venv"/bin/python -m pip install -q --upgrade pip
-"$venv"/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$torch_spec"
+"$venv"/bin/python -m pip install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$torch_spec" "${vision[@]}"
 constraints=tools/constraints.txt
 if [[ -n "${LATEST:-}" ]]; then
     constraints=/dev/null
@@ -29,7 +35,7 @@ elif [[ -n "${TORCH_SPEC:-}${TORCH_INDEX_URL:-}" ]]; then
     constraints=$(mktemp)
     grep -v '^torch==' tools/constraints.txt > "$constraints"
 fi
-"$venv"/bin/python -m pip install -q ${LATEST:+--upgrade} -c "$constraints" -e ".[${EXTRAS:-bench,test}]"
+"$venv"/bin/python -m pip install -q ${LATEST:+--upgrade} -c "$constraints" -e ".[$extras]"
 # fla's naive PyTorch references (the proofs of the state-carrying layers' kernel path read them from here): kept off
 # the import path, where an fla without Triton would be found as a kernel that cannot load
 "$venv"/bin/python -m pip install -q -c "$constraints" einops
