@@ -32,7 +32,7 @@ OLD_PATHS = (
 )
 # Image-text modules; every other module of these packages is text and may not import them.
 IMAGE_TEXT = re.compile(
-    r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images)|testing\.(tiny_vision|vision_\w+)|check\.vision"
+    r"^flatcollate\.(vision(\..*)?|data\.(vision_encode|images|videos)|testing\.(tiny_vision|vision_\w+)|check\.vision"
     r"|bench\.tasks\.vision|synthetic\.images)$"
 )
 TEXT_PACKAGES = (

@@ -71,3 +71,25 @@ def prefix_token_types(trained: np.ndarray) -> np.ndarray:
     [0, 0, 1, 1, 1]
     """
     return (np.cumsum(trained) > 0).astype(np.int64)
+
+
+def expand_spans(spans: np.ndarray, replacements: list[dict]) -> np.ndarray:
+    """Character spans of the rendered text moved into the text the processor expanded.
+
+    Args:
+        spans (`np.ndarray` of shape `(S, 2)`, int64): `[start, end)` spans of the rendered text, none inside a
+            placeholder.
+        replacements (`list[dict]`): the processor's `text_replacement_offsets` of the row, in text order: each
+            placeholder's `"span"` in the rendered text and `"new_span"` in the expanded one.
+
+    Returns:
+        `np.ndarray` of shape `(S, 2)`, int64: each position shifted by the characters the placeholders before it
+        gained.
+
+    >>> expand_spans(np.array([[0, 2], [9, 12]]), [{"span": (4, 7), "new_span": (4, 13)}]).tolist()
+    [[0, 2], [15, 18]]
+    """
+    ends = np.array([r["span"][1] for r in replacements], dtype=np.int64)
+    # A placeholder ending at `end` shifts every later position by new_end - end (the gains so far, summed).
+    shift = np.array([0] + [r["new_span"][1] - r["span"][1] for r in replacements], dtype=np.int64)
+    return spans + shift[np.searchsorted(ends, spans, side="right")]

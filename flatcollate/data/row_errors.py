@@ -26,7 +26,11 @@
 | `image_count`            | has a different number of `{"type": "image"}` parts and images                   |
 | `missing_image`          | names an image file that does not exist                                          |
 | `bad_image`              | has an image that is not an image, path or image dict, or a file PIL cannot read |
-| `image_in_reply`         | has an image part in an assistant message                                        |
+| `image_in_reply`         | has an image or video part in an assistant message                               |
+| `video_count`            | has a different number of `{"type": "video"}` parts without frames and videos    |
+| `bad_video`              | has a video that is not frames (a file path, another shape, frames of two sizes) |
+| `no_video_processor`     | has a video but the processor takes none, or was built without its video        |
+|                          | processor (`images_only`: transformers' video processors need torchvision)       |
 | `processor_error`        | was refused by the processor (e.g. an image too narrow for its patch grid)       |
 | `encode_error`           | made the template or tokenizer raise another error (a `TypeError` from a         |
 |                          | template joining a list of content parts); the message names it                  |

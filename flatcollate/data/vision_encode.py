@@ -35,9 +35,10 @@ from .encode import Encoder
 from .fingerprint import image_files_fingerprint
 from .images import as_image_list, image_paths, load_images
 from .messages import present_keys
-from .processor_text import move_spans, prefix_token_types, processor_text
+from .processor_text import expand_spans, move_spans, prefix_token_types, processor_text
 from .row_errors import RowError
 from .spans import reply_spans, tokens_in_spans
+from .videos import check_video_slot, row_videos, video_parts
 
 TOKEN_FIELDS = ("mm_token_type_ids", "token_type_ids")
 """Processor outputs with one value per token, kept as 1-D lists beside `input_ids` and `labels`."""
@@ -97,10 +98,12 @@ def text_views(messages, *, where: str) -> tuple[list[dict], list[dict], int]:
         `(views, pieces, num_images)`: `views` has one `{"role", "content": str}` per message (its text parts
         joined), for `check_messages`; `pieces` is what `reply_spans` searches in order: an assistant message as
         its joined text (a reply's span runs over all of it), any other message as one piece per non-empty text part
-        (the template writes image markup between them); `num_images` counts the `{"type": "image"}` parts.
+        (the template writes image markup between them); `num_images` counts the `{"type": "image"}` parts
+        (`{"type": "video"}` parts are read by `flatcollate.data.videos`).
 
     Raises:
-        `RowError`: reason `bad_message` (not a message, or a part that is not text or image) or `image_in_reply`.
+        `RowError`: reason `bad_message` (not a message, or a part that is not text, image or video) or
+        `image_in_reply` (an image or video in a reply).
 
     >>> views, pieces, n = text_views([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]},
     ...                                {"role": "assistant", "content": "yo"}], where="row 0")
@@ -119,20 +122,21 @@ def text_views(messages, *, where: str) -> tuple[list[dict], list[dict], int]:
         texts = []
         for k, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "image":
+            if kind in ("image", "video"):
                 if message.get("role") == "assistant":
+                    article = "an" if kind == "image" else "a"
                     raise RowError(
-                        f"{where}, message {turn} (assistant), part {k}: an image in a reply; the model does not "
-                        "write images, so move it into the user turn before, or pass on_error='skip'.",
+                        f"{where}, message {turn} (assistant), part {k}: {article} {kind} in a reply; the model does "
+                        f"not write {kind}s, so move it into the user turn before, or pass on_error='skip'.",
                         reason="image_in_reply",
                     )
-                num_images += 1
+                num_images += kind == "image"
             elif kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             else:
                 raise RowError(
-                    f"{where}, message {turn}, part {k}: expected {{'type': 'text', 'text': str}} or "
-                    f"{{'type': 'image'}}, got {part!r:.80}.",
+                    f"{where}, message {turn}, part {k}: expected {{'type': 'text', 'text': str}}, "
+                    f"{{'type': 'image'}} or {{'type': 'video'}}, got {part!r:.80}.",
                     reason="bad_message",
                 )
         views.append({"role": message.get("role"), "content": "".join(texts)})
@@ -141,28 +145,6 @@ def text_views(messages, *, where: str) -> tuple[list[dict], list[dict], int]:
         else:
             pieces.extend({"role": message.get("role"), "content": t} for t in texts if t)
     return views, pieces, num_images
-
-
-def expand_spans(spans: np.ndarray, replacements: list[dict]) -> np.ndarray:
-    """Character spans of the rendered text moved into the text the processor expanded.
-
-    Args:
-        spans (`np.ndarray` of shape `(S, 2)`, int64): `[start, end)` spans of the rendered text, none inside a
-            placeholder.
-        replacements (`list[dict]`): the processor's `text_replacement_offsets` of the row, in text order: each
-            placeholder's `"span"` in the rendered text and `"new_span"` in the expanded one.
-
-    Returns:
-        `np.ndarray` of shape `(S, 2)`, int64: each position shifted by the characters the placeholders before it
-        gained.
-
-    >>> expand_spans(np.array([[0, 2], [9, 12]]), [{"span": (4, 7), "new_span": (4, 13)}]).tolist()
-    [[0, 2], [15, 18]]
-    """
-    ends = np.array([r["span"][1] for r in replacements], dtype=np.int64)
-    # A placeholder ending at `end` shifts every later position by new_end - end (the gains so far, summed).
-    shift = np.array([0] + [r["new_span"][1] - r["span"][1] for r in replacements], dtype=np.int64)
-    return spans + shift[np.searchsorted(ends, spans, side="right")]
 
 
 @dataclass
@@ -178,6 +160,7 @@ class VisionEncoder(Encoder):
 
     processor: object = None
     images_field: str = "images"
+    videos_field: str = "videos"
     processor_kwargs: dict = field(default_factory=dict)
 
     def encode(self, example: dict, index: int | None = None) -> dict:
@@ -217,19 +200,27 @@ class VisionEncoder(Encoder):
             raise RowError(
                 f"{at}: the chat template rejected the conversation: {err}", reason="template_error"
             ) from err
-        token = self.processor.image_token
-        if text.count(token) != num_parts:
-            raise RowError(
-                f"{at}: the chat template writes {text.count(token)} image placeholders {token!r} for {num_parts} "
-                "image parts; use a chat_template that writes one per {'type': 'image'} part (and no text part that "
-                "holds the placeholder itself).",
-                reason="template_drops_content",
-            )
+        videos, listed = [], as_image_list(example.get(self.videos_field))
+        if video_parts(messages) or listed:
+            check_video_slot(self.processor, where=at)
+            fields = {"messages_field": self.messages_field, "videos_field": self.videos_field}
+            videos = row_videos(messages, listed, where=where, **fields)
+        for kind, token, count in (
+            ("image", self.processor.image_token, num_parts),
+            ("video", getattr(self.processor, "video_token", None), len(videos)),
+        ):
+            if token is not None and text.count(token) != count:
+                raise RowError(
+                    f"{at}: the chat template writes {text.count(token)} {kind} placeholders {token!r} for {count} "
+                    f"{kind} parts; use a chat_template that writes one per {{'type': '{kind}'}} part (and no text "
+                    "part that holds the placeholder itself).",
+                    reason="template_drops_content",
+                )
         spans = reply_spans(
             text, pieces, reply_prefix=self.chat.reply_prefix, reply_suffix=self.chat.reply_suffix, where=at
         )
         loaded = load_images(images, where=f"{where}: field {self.images_field!r}")
-        out = self._process(text, loaded, where)
+        out = self._process(text, loaded, videos, where)
         spans = move_spans(spans, text, processor_text(self.processor, text, loaded), where=at)
         ids = np.asarray(out["input_ids"][0], dtype=np.int64)
         offsets = np.asarray(out["offset_mapping"][0], dtype=np.int64).reshape(-1, 2)
@@ -247,7 +238,7 @@ class VisionEncoder(Encoder):
             row["token_type_ids"] = prefix_token_types(trained).tolist()
         return row
 
-    def _process(self, text: str, images: list[PIL.Image.Image], where: str):
+    def _process(self, text: str, images: list[PIL.Image.Image], videos: list[np.ndarray], where: str):
         bos = self.tokenizer.bos_token
         options = {
             "add_special_tokens": not (bos and text.startswith(bos)),
@@ -257,6 +248,8 @@ class VisionEncoder(Encoder):
             "return_tensors": "np",
         }
         try:
+            if videos:  # only then: a processor without its video slot refuses `videos=` even when None
+                options["videos"] = videos
             return self.processor(text=[text], images=[images] if images else None, **options)
         except ValueError as err:  # e.g. an image too narrow for the processor's patch grid
             raise RowError(f"{where}: the processor refused the row: {err}", reason="processor_error") from err
@@ -270,10 +263,14 @@ class VisionEncoder(Encoder):
     def extra_features(self) -> datasets.Features:
         """Column types of the outputs beyond `input_ids` and `labels`, for `datasets.map`: per-token fields as lists
         of int64, vision fields as nested lists of their dtype (one level per array dimension), from one probe call
-        of the processor on a blank 64x64 image."""
+        of the processor on a blank 64x64 image, and a blank 4-frame video where it has a video processor (rows
+        without a video store None there)."""
         probe = PIL.Image.new("RGB", (64, 64))
         options = {**self.processor_kwargs, "return_tensors": "np"}
-        out = self.processor(text=[f"probe {self.processor.image_token}"], images=[[probe]], **options)
+        text = f"probe {self.processor.image_token}"
+        if getattr(self.processor, "video_processor", None) is not None:
+            text, options["videos"] = f"{text} {self.processor.video_token}", [np.zeros((4, 64, 64, 3), np.uint8)]
+        out = self.processor(text=[text], images=[[probe]], **options)
         features = {}
         for key, value in out.items():
             if key in _DROPPED:

@@ -283,7 +283,10 @@ def bad_rows(tmp_path):
     in_reply = one_image_row(image)
     in_reply["messages"][1]["content"] = [{"type": "image"}, {"type": "text", "text": "A cat."}]
     video = one_image_row(image)
-    video["messages"][0]["content"][0] = {"type": "video"}
+    video["messages"][0]["content"][0] = {"type": "video", "video": np.zeros((2, 28, 28, 3), np.uint8)}
+    video["images"] = []
+    in_reply_video = {**video, "messages": [video["messages"][0], {**in_reply["messages"][1]}]}
+    in_reply_video["messages"][1]["content"] = [{"type": "video"}, {"type": "text", "text": "A cat."}]
     return [
         (extra_part, "image_count", ["2 {'type': 'image'} parts", "1 images in field 'images'"]),
         ({**one_image_row(image), "images": [image, image]}, "image_count", ["but 2 images"]),
@@ -292,7 +295,9 @@ def bad_rows(tmp_path):
         (one_image_row(42), "bad_image", ["image 0 is a int", "datasets.Image()"]),
         (one_image_row(str(not_an_image)), "bad_image", ["image 0 cannot be read", "notes.png"]),
         (in_reply, "image_in_reply", ["message 1 (assistant), part 0", "move it into the user turn"]),
-        (video, "bad_message", ["message 0, part 0", "'video'"]),
+        (video, "no_video_processor", ["message", "without its video processor", "torchvision", "[vision]"]),
+        (in_reply_video, "image_in_reply", ["message 1 (assistant), part 0: a video in a reply"]),
+        (one_image_row(image) | {"videos": [np.zeros((2, 28, 28, 3), np.uint8)]}, "no_video_processor", ["video"]),
         (one_image_row(PIL.Image.new("RGB", (6000, 20))), "processor_error", ["the processor refused the row"]),
         ({"prompt": "q", "completion": "a", "images": [image]}, "unknown_format", ["field 'images' holds images"]),
     ]
