@@ -143,6 +143,8 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                 )
         if layout.image_token_id is not None:
             _check_image_order(feature, ids, layout, where)
+        if layout.video_token_id is not None and layout.merge_size is not None:
+            _check_video_order(feature, ids, layout, where)
         return counts
 
     def _images(self, features: Sequence[Mapping], field: str) -> np.ndarray:
@@ -197,6 +199,36 @@ def _check_image_order(feature: Mapping, ids: np.ndarray, layout: VisionLayout, 
         "not in the order of their placeholders, and each would land on another image's tokens. Keep the vision "
         "fields (`pixel_values`, `image_grid_thw`, ...) in the order the images appear in the text, as the processor "
         "returns them."
+    )
+
+
+def _check_video_order(feature: Mapping, ids: np.ndarray, layout: VisionLayout, where: str) -> None:
+    """Raise when a video of the example (grid families) does not end where a run of video placeholders ends.
+
+    A video fills one run (Qwen2/2.5-VL) or one run per temporal patch, between timestamps (Qwen3-VL); either way its
+    placeholders end with a run. Checked where the runs are at least the videos (videos without a separator between
+    them merge their runs), the total being checked before::
+
+        input_ids       [t <s v v v v e> t <s v v e> t]     runs [4, 2]    run ends [4, 6]
+        video_grid_thw  [[1 2 4] [2 2 4]]                   fill [2, 4]    video ends [2, 6]   -> refused: video 0
+    """
+    grid = feature.get("video_grid_thw")
+    if grid is None:
+        return
+    runs = placeholder_runs(ids, layout.video_token_id)
+    fills = _numpy(grid).reshape(-1, 3).prod(-1).astype(np.int64) // layout.merge_size**2
+    if len(runs) < len(fills) or runs.sum() != fills.sum():
+        return
+    ends = ~np.isin(np.cumsum(fills), np.cumsum(runs))
+    if not ends.any():
+        return
+    k = int(np.flatnonzero(ends)[0])
+    raise ValueError(
+        f"{where}: video {k} fills {fills[k]} placeholder tokens of `video_grid_thw` but no run of video placeholders "
+        f"ends there (runs {runs.tolist()}, videos {fills.tolist()}): the example's videos are not in the order of "
+        "their placeholders, and each would land on another video's tokens. Keep the video fields "
+        "(`pixel_values_videos`, `video_grid_thw`, `second_per_grid_ts`) in the order the videos appear in the text, "
+        "as the processor returns them."
     )
 
 
