@@ -23,6 +23,8 @@ from transformers import (
 from flatcollate.data import RowError, build_encoder, make_supervised_dataset
 from flatcollate.vision import images_only
 
+from ..data.test_vision_encode import processors  # noqa: F401 (a fixture)
+
 TORCHVISION = importlib.util.find_spec("torchvision") is not None
 needs_torchvision = pytest.mark.skipif(
     not TORCHVISION, reason="transformers' video processors need torchvision: pip install 'flatcollate[vision]'"
@@ -172,6 +174,16 @@ def test_a_video_without_torchvision_is_refused_naming_it(qwen_tokenizer):
     row = video_row(frames(0))
     row["messages"][0]["content"].pop(0)
     assert "pixel_values_videos" not in encoder(row)
+
+
+def test_a_video_for_a_family_without_videos_is_refused(processors):  # noqa: F811
+    """LLaVA's processor has no video slot: a row with a video is refused; without the video it encodes."""
+    encoder = build_encoder(processors["llava"])
+    with pytest.raises(RowError, match=r"row 1: field 'messages' holds a video but LlavaProcessor takes no videos"):
+        encoder(video_row(frames(0)), index=1)
+    row = video_row(None)
+    row["messages"][0]["content"].pop(0)
+    assert "input_ids" in encoder(row)
 
 
 @needs_torchvision
