@@ -6,7 +6,8 @@
 # (the index it comes from); the torch pin of tools/constraints.txt is then left out, so it cannot clash:
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash tools/setup_env.sh
 #   TORCH_SPEC="torch>=2.6" bash tools/setup_env.sh
-# EXTRAS picks the extras installed with flatcollate (default bench,test: the benchmark's plots, what the tests need).
+# EXTRAS picks the extras installed with flatcollate (default bench,test: the benchmark's plots, what the tests need;
+# with LATEST=1 bench,test,vision).
 #
 # LATEST=1 creates .venv-latest instead, with the newest releases pip resolves (torch, transformers, TRL, ...: no
 # constraints), as a user installing without them gets, and the vision extra: torchvision, installed in the same pip
@@ -17,12 +18,11 @@ cd "$(dirname "$0")/.."
 python3 -c 'import sys; sys.exit(sys.version_info < (3, 10) and "flatcollate needs Python >= 3.10")'
 venv=.venv
 torch_spec=${TORCH_SPEC:-torch==2.13.0}
-extras=${EXTRAS:-bench,test}
 vision=()
 if [[ -n "${LATEST:-}" ]]; then
     venv=.venv-latest
     torch_spec=${TORCH_SPEC:-torch}
-    extras=${EXTRAS:-bench,test,vision}
+    EXTRAS=${EXTRAS:-bench,test,vision}
     vision=(torchvision)
 fi
 python3 -m venv "$venv"
@@ -35,7 +35,7 @@ elif [[ -n "${TORCH_SPEC:-}${TORCH_INDEX_URL:-}" ]]; then
     constraints=$(mktemp)
     grep -v '^torch==' tools/constraints.txt > "$constraints"
 fi
-"$venv"/bin/python -m pip install -q ${LATEST:+--upgrade} -c "$constraints" -e ".[$extras]"
+"$venv"/bin/python -m pip install -q ${LATEST:+--upgrade} -c "$constraints" -e ".[${EXTRAS:-bench,test}]"
 # fla's naive PyTorch references (the proofs of the state-carrying layers' kernel path read them from here): kept off
 # the import path, where an fla without Triton would be found as a kernel that cannot load
 "$venv"/bin/python -m pip install -q -c "$constraints" einops
