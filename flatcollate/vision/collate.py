@@ -159,10 +159,13 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             ]
         shapes = {part.shape[:axis] + part.shape[axis + 1 :] for part in parts}
         if len(shapes) > 1:
+            fix = "Process the images at one resolution"
+            if field == "pixel_values_videos":  # (videos, frames, C, H, W): the model stacks the batch's videos
+                fix = "The videos differ in frames or size: sample every video to one number of frames (one size)"
             raise ValueError(
                 f"`{field}` of the examples differ in shape beyond the image dimension ({sorted(shapes)}); they cannot "
-                "be concatenated. Process the images at one resolution, or pass the family's `layout` "
-                "(`VisionDataCollatorWithFlattening.from_model(model)`)."
+                f"be concatenated. {fix}, or pass the family's `layout` (`VisionDataCollatorWithFlattening.from_model("
+                "model)`)."
             )
         out = np.concatenate(parts, axis=axis)
         # Nested Python floats (a `datasets` column read without a torch format) come back as float64; processors

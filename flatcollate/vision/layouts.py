@@ -8,6 +8,7 @@ an image into the wrong sequence: the collator counts per example (`expected_pla
 (`flatcollate.vision.counts`).
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,7 +24,9 @@ class VisionLayout:
 
     Attributes:
         image_token_id (`int`, *optional*): the image placeholder id (counts are checked when set).
-        video_token_id (`int`, *optional*): the video placeholder id.
+        video_token_id (`int`, *optional*): the video placeholder id (`video_token_id`, or `video_token_index`).
+        frame_tokens (`int`, *optional*): placeholders of each frame of a video whose `pixel_values_videos` are
+            `(videos, frames, C, H, W)`, each video then ending with one newline placeholder (`pooled_frame_tokens`).
         merge_size (`int`, *optional*): spatial merge of grid families (`vision_config.spatial_merge_size`, where
             `Family.grid_layout`).
         tokens_per_image (`int`, *optional*): placeholders of every image, for families whose config states it
@@ -42,6 +45,7 @@ class VisionLayout:
 
     image_token_id: int | None = None
     video_token_id: int | None = None
+    frame_tokens: int | None = None
     merge_size: int | None = None
     tokens_per_image: int | None = None
     image_tokens: Rule | None = None
@@ -64,9 +68,11 @@ class VisionLayout:
         vision = getattr(config, "vision_config", None)
         merge = getattr(vision, "spatial_merge_size", None) if family.grid_layout else None
         rule = image_token_rule(config)
+        video = getattr(config, "video_token_id", None)
         return cls(
             image_token_id=image,
-            video_token_id=getattr(config, "video_token_id", None),
+            video_token_id=getattr(config, "video_token_index", None) if video is None else video,
+            frame_tokens=pooled_frame_tokens(config),
             merge_size=merge,
             tokens_per_image=stated_count(config),
             image_tokens=rule,
@@ -74,6 +80,20 @@ class VisionLayout:
             batch_first=family.batch_first,
             padded=family.padded,
         )
+
+
+def pooled_frame_tokens(config) -> int | None:
+    """Placeholders of each video frame where the family pools every frame's patch grid 2 x 2 (rounding up) and ends
+    each video with a newline (LLaVA-OneVision's `apply_pooling`), else None.
+
+    >>> from transformers import LlavaOnevisionConfig
+    >>> pooled_frame_tokens(LlavaOnevisionConfig())  # SigLIP at 384 pixels, patches of 14: 27 x 27 -> 14 x 14
+    196
+    """
+    if config.model_type != "llava_onevision":
+        return None
+    side = config.vision_config.image_size // config.vision_config.patch_size
+    return math.ceil(side / 2) ** 2
 
 
 def image_count(example: Mapping, layout: VisionLayout, field: str = "pixel_values") -> int:
@@ -102,6 +122,10 @@ def expected_placeholders(example: Mapping, layout: VisionLayout, *, video: bool
         if grid is None:
             return 0
         return int(np.asarray(grid).reshape(-1, 3).prod(-1).sum()) // layout.merge_size**2
+    if video and layout.frame_tokens is not None:  # (videos, frames, C, H, W): frames pooled, then a newline each
+        videos = example.get("pixel_values_videos")
+        shape = (0, 0) if videos is None else np.shape(videos)
+        return int(shape[0]) * (int(shape[1]) * layout.frame_tokens + 1)
     if video:
         return None
     if layout.tokens_per_image is not None:
