@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoTokenizer, LlavaOnevisionImageProcessorPil
 
 from flatcollate import prepare_model_for_flattening
-from flatcollate.data import build_encoder, pack_dataset
+from flatcollate.data import build_encoder, make_supervised_dataset, pack_dataset
 from flatcollate.testing.tiny_vision import WEIGHT_NOISE, tiny_vision_config
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.controls import IMAGE_SHIFT
@@ -172,3 +172,21 @@ def test_videos_of_different_frame_counts_in_one_batch_are_refused(case):
     six = {k: torch.as_tensor(np.asarray(v)) for k, v in six.items()}
     with pytest.raises(ValueError, match=r"`pixel_values_videos`.*frames.*sample every video to one number of frames"):
         VisionDataCollatorWithFlattening.from_model(prepared)([examples[0], six])
+
+
+def test_make_supervised_dataset_keeps_the_videos(case):
+    """Through `datasets` (frames as nested lists in the parts): each row's ids and frames as the encoder gives them."""
+    processor, _, _, rows, _, _ = case
+    raw = conversations()
+    for row in raw:
+        for part in row["messages"][0]["content"]:
+            if part["type"] == "video":
+                part["video"] = part["video"].tolist()
+    ds = make_supervised_dataset(processor, datasets.Dataset.from_list(raw), seed=None).with_format("numpy")
+    for k, row in enumerate(rows):
+        assert ds[k]["input_ids"].tolist() == row["input_ids"]
+        expected = row.get("pixel_values_videos")
+        if expected is None:
+            assert ds[k]["pixel_values_videos"] is None
+        else:
+            np.testing.assert_allclose(np.asarray(ds[k]["pixel_values_videos"]), expected, rtol=1e-6)
