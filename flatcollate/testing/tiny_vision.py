@@ -18,7 +18,7 @@ import re
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, PretrainedConfig, PreTrainedModel
 
-from .tiny_text import tiny_config
+from .tiny_text import sdpa_or_eager, tiny_config
 from .vision_blocks import image_id, image_token_types
 from .vision_recipes import FAMILIES
 
@@ -136,10 +136,15 @@ def tiny_vision_lm(model_type: str, *, seed: int = 0, attn_implementation: str =
     if model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise ValueError(f"model_type={model_type!r} has no tiny vision recipe; known: {known}.")
-    config = tiny_vision_config(model_type)
+    return vision_lm_from_config(tiny_vision_config(model_type), seed=seed, attn_implementation=attn_implementation)
+
+
+def vision_lm_from_config(config: PretrainedConfig, *, seed: int = 0, attn_implementation: str = "sdpa"):
+    """The model `tiny_vision_lm` builds, from a config already made (a test that fits it to a real processor's
+    vocabulary first): fp32, seeded noise of std `WEIGHT_NOISE` on every parameter, eager for a family without SDPA."""
     model_class = AutoModelForImageTextToText._model_mapping[type(config)]
-    if attn_implementation == "sdpa" and not model_class._supports_sdpa:
-        attn_implementation = "eager"  # as `tiny_causal_lm`: families without an SDPA path run eager
+    if attn_implementation == "sdpa":
+        attn_implementation = sdpa_or_eager(model_class)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(
         config, attn_implementation=attn_implementation, dtype=torch.float32

@@ -15,11 +15,11 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText, AutoTokenizer
+from transformers import AutoTokenizer
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.data import build_encoder, pack_dataset
-from flatcollate.testing.tiny_vision import WEIGHT_NOISE, tiny_vision_config
+from flatcollate.testing.tiny_vision import tiny_vision_config, vision_lm_from_config
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.controls import IMAGE_SHIFT
 
@@ -49,13 +49,7 @@ def model_for(family: str, processor, *, seed: int = 0):
     config.vision_config.patch_size = FAMILIES[family][1]
     if family == "qwen2_5_vl":
         config.vision_config.window_size = 4 * FAMILIES[family][1]  # windows of 2 x 2 merged patches
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator), alpha=WEIGHT_NOISE)
-    return model
+    return vision_lm_from_config(config, seed=seed)
 
 
 def conversations() -> list[dict]:

@@ -15,11 +15,11 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText, AutoTokenizer, LlavaOnevisionImageProcessorPil
+from transformers import AutoTokenizer, LlavaOnevisionImageProcessorPil
 
 from flatcollate import prepare_model_for_flattening
 from flatcollate.data import build_encoder, make_supervised_dataset, pack_dataset
-from flatcollate.testing.tiny_vision import WEIGHT_NOISE, tiny_vision_config
+from flatcollate.testing.tiny_vision import tiny_vision_config, vision_lm_from_config
 from flatcollate.vision import VisionDataCollatorWithFlattening
 from flatcollate.vision.controls import IMAGE_SHIFT
 
@@ -70,13 +70,7 @@ def onevision_model(processor, *, seed: int = 0):
     config.image_token_index = tokenizer.convert_tokens_to_ids("<image>")
     config.video_token_index = tokenizer.convert_tokens_to_ids("<video>")
     config.image_grid_pinpoints = [[SIDE, SIDE], [SIDE, 2 * SIDE], [2 * SIDE, SIDE]]
-    torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator), alpha=WEIGHT_NOISE)
-    return model
+    return vision_lm_from_config(config, seed=seed)
 
 
 def conversations() -> list[dict]:
