@@ -50,6 +50,8 @@ class Family:
         grid_layout (`bool`): the vision collator reads images and videos by their `*_grid_thw` rows
             (`VisionLayout.merge_size` from `vision_config.spatial_merge_size`).
         fixed_count (`bool`): every image fills the same number of placeholders (one feature map per image).
+        pooled_frames (`bool`): each video frame's patch grid is pooled 2 x 2 (rounding up) and each video ends with
+            one newline placeholder (LLaVA-OneVision's `apply_pooling`; `flatcollate.vision.layouts`).
         batch_first (`tuple[str, ...]`): fields the processor returns as `(batch, images, ...)`: an example's images
             (tiles, Fuyu's patches) sit on dimension 1.
         padded (`tuple[str, ...]`): fields the processor zero-pads to the batch's largest image (crops, height and
@@ -70,6 +72,7 @@ class Family:
     image_tokens: tuple[str, ...] | None = None
     grid_layout: bool = False
     fixed_count: bool = False
+    pooled_frames: bool = False
     batch_first: tuple[str, ...] = ()
     padded: tuple[str, ...] = ()
     class_tokens: int | None = None
@@ -195,7 +198,10 @@ FAMILIES: dict[str, Family] = {
     "llava_next": Family(image_tokens=("anyres",), padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
     "llava_next_video": Family(image_tokens=("anyres",), padded=_PIXELS, unused_by_design=_POST_LAYERNORM),
     "llava_onevision": Family(
-        image_tokens=("anyres", "vision_aspect_ratio"), padded=_PIXELS, unused_by_design=_POST_LAYERNORM
+        image_tokens=("anyres", "vision_aspect_ratio"),
+        pooled_frames=True,
+        padded=_PIXELS,
+        unused_by_design=_POST_LAYERNORM,
     ),
     "minimax_m3_vl": Family(image_tokens=_GRID),
     "mistral3": Family(image_tokens=_PIXTRAL, padded=_PIXELS),
@@ -275,19 +281,10 @@ def family_of(config_or_model_type: Any) -> Family:
     return _merged([own, FAMILIES.get(getattr(text, "model_type", ""), _NOTHING)])  # its own values first
 
 
-def _own_or(own: Any, language: Any, default: Any) -> Any:
-    return language if own == default else own
-
-
 def _merged(records: list[Family]) -> Family:
     """Field by field, the first record's value that is not the default."""
-    merged = _NOTHING
-    for record in records:
-        if record is not _NOTHING and record is not merged:
-            merged = record if merged is _NOTHING else Family(
-                **{f.name: _own_or(getattr(merged, f.name), getattr(record, f.name), f.default) for f in fields(merged)}
-            )
-    return merged
+    values = {f.name: [getattr(r, f.name) for r in records if getattr(r, f.name) != f.default] for f in fields(Family)}
+    return Family(**{name: found[0] for name, found in values.items() if found})
 
 
 def _family_of_model(model: Any) -> Family:

@@ -90,7 +90,7 @@ def pooled_frame_tokens(config) -> int | None:
     >>> pooled_frame_tokens(LlavaOnevisionConfig())  # SigLIP at 384 pixels, patches of 14: 27 x 27 -> 14 x 14
     196
     """
-    if config.model_type != "llava_onevision":
+    if not family_of(config).pooled_frames:
         return None
     side = config.vision_config.image_size // config.vision_config.patch_size
     return math.ceil(side / 2) ** 2
