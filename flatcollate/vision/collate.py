@@ -91,7 +91,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         return_tensors = return_tensors or self.return_tensors
         if isinstance(features, Mapping) or not isinstance(features, Sequence):
             raise TypeError(f"features must be a list of examples (dicts), got {type(features).__name__}.")
-        features, where = split_packs(features)
+        features, where = split_packs(features, image_dims=self.layout.image_dims)
         with _named(where):
             check_fields(features, self.layout.model_inputs)
         text = [_without(feature, (*IMAGE_FIELDS, *TOKEN_TYPE_FIELDS)) for feature in features]

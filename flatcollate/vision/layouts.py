@@ -38,6 +38,10 @@ class VisionLayout:
         batch_first (`tuple[str, ...]`): fields laid out `(1, images, ...)` per example (`Family.batch_first`).
         padded (`tuple[str, ...]`): fields padded on dimension 1 to concatenate (`Family.padded`: the processor
             zero-pads images to the batch's largest, and the collator pads the examples' images the same way).
+        image_dims (`int`, *optional*): dimensions of an example's `pixel_values` where the family fixes them:
+            `(images, C, H, W)` where each image is one feature map (`Family.fixed_count`), `(1, tiles, C, H, W)` for
+            batch-first tiles of a vision tower. A pack's entries, one per example, have one more
+            (`flatcollate.vision.packs.is_pack`).
         model_inputs (`frozenset[str]`, *optional*): the parameters of the model's `forward` (set by
             `VisionDataCollatorWithFlattening.from_model`): an example's field among them that the collator cannot
             place is refused rather than dropped.
@@ -52,6 +56,7 @@ class VisionLayout:
     same_count: bool = False
     batch_first: tuple[str, ...] = ()
     padded: tuple[str, ...] = ()
+    image_dims: int | None = None
     model_inputs: frozenset[str] | None = None
 
     @classmethod
@@ -69,6 +74,7 @@ class VisionLayout:
         merge = getattr(vision, "spatial_merge_size", None) if family.grid_layout else None
         rule = image_token_rule(config)
         video = getattr(config, "video_token_id", None)
+        tiles = "pixel_values" in family.batch_first and vision is not None
         return cls(
             image_token_id=image,
             video_token_id=getattr(config, "video_token_index", None) if video is None else video,
@@ -79,6 +85,7 @@ class VisionLayout:
             same_count=family.fixed_count and rule is None,
             batch_first=family.batch_first,
             padded=family.padded,
+            image_dims=4 if family.fixed_count else 5 if tiles else None,
         )
 
 

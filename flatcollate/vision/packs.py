@@ -62,16 +62,18 @@ def pack_examples(examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return pack
 
 
-GRID_FIELDS = ("image_grid_thw", "video_grid_thw", "image_sizes")
+GRID_FIELDS = ("image_grid_thw", "video_grid_thw", "image_sizes", "spatial_shapes")
 """Vision fields with one row per image (`(images, k)`) in every family: one level deeper, they are a pack's entries."""
 
 
-def is_pack(feature: Mapping, index: int) -> bool:
+def is_pack(feature: Mapping, index: int, *, image_dims: int | None = None) -> bool:
     """Whether `feature` is a pack: it says so with `seq_lengths` (`pack_dataset` and `pack_examples` write it).
 
     A pack is never guessed from its other fields: one example's positions do not restart, and its vision fields
     would be read as one example's. A feature without `seq_lengths` that shows the signs of a pack whose marker was
-    removed (`transformers.Trainer`'s `remove_unused_columns=True` drops it) is refused.
+    removed (`transformers.Trainer`'s `remove_unused_columns=True` drops it) is refused: restarting positions, a
+    per-image field (`GRID_FIELDS`) not `(images, k)`, or `pixel_values` one dimension deeper than the family's
+    examples (`image_dims`, `VisionLayout.image_dims`).
 
     Raises:
         `ValueError`: naming the feature, what shows it is a pack, and the fix.
@@ -88,6 +90,9 @@ def is_pack(feature: Mapping, index: int) -> bool:
         value = feature.get(key)
         if sign is None and value is not None and _ndim(value) != 2:
             sign = f"its `{key}` has {_ndim(value)} dimensions, not `(images, k)` (one entry per packed example)"
+    pixels = feature.get("pixel_values")
+    if sign is None and image_dims is not None and pixels is not None and _ndim(pixels) == image_dims + 1:
+        sign = f"its `pixel_values` has {image_dims + 1} dimensions, one more than the family's examples"
     if sign is None:
         return False
     raise ValueError(
@@ -98,11 +103,12 @@ def is_pack(feature: Mapping, index: int) -> bool:
     )
 
 
-def split_packs(features: Sequence[Any]) -> tuple[list[Any], list[str]]:
+def split_packs(features: Sequence[Any], *, image_dims: int | None = None) -> tuple[list[Any], list[str]]:
     """The batch with every pack replaced by its examples, and how messages name each example.
 
     Args:
         features: examples and packs (dicts; anything else is passed on for the text collator to name).
+        image_dims: dimensions of an example's `pixel_values` where the family fixes them (`is_pack`).
 
     Returns:
         `(examples, where)`: the examples in batch order, a pack's in pack order; `where[i]` names example `i` in
@@ -121,7 +127,7 @@ def split_packs(features: Sequence[Any]) -> tuple[list[Any], list[str]]:
     examples, where = [], []
     # One step per feature and per example of a pack; the tokens are cut with `np.split`.
     for index, feature in enumerate(features):
-        if not isinstance(feature, Mapping) or not is_pack(feature, index):
+        if not isinstance(feature, Mapping) or not is_pack(feature, index, image_dims=image_dims):
             examples.append(feature)
             where.append(f"Example {index}")
             continue

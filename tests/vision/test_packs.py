@@ -105,3 +105,19 @@ def test_a_pack_says_it_is_a_pack(gemma, qwen):
         "position_ids": np.concatenate([np.arange(3), np.arange(len(examples[2]["input_ids"]) - 3)]),
     }
     assert collator([plain])["cu_seq_lens_q"].tolist() == [0, 3, len(examples[2]["input_ids"])]
+
+
+@pytest.mark.parametrize("model_type", ["gemma3", "paligemma", "llava", "idefics3", "smolvlm", "lfm2_vl", "mistral3"])
+def test_a_one_example_pack_without_its_marker_is_refused_in_every_layout(model_type):
+    """One example with one image, packed alone, loses `seq_lengths`: its positions do not restart, and one image per
+    example makes every count agree; only its fields' dimensions show that each holds a list of one example's entries
+    (`(examples, images, C, H, W)` where the family's examples are `(images, C, H, W)`). Refused naming
+    `seq_lengths`; the same pack with its marker collates as its example (the control)."""
+    model = tiny_vision_lm(model_type)
+    collator = VisionDataCollatorWithFlattening.from_model(model)
+    example = tiny_vision_examples(model, count=1, images=(1,))[0]
+    pack = pack_examples([example])
+    assert_same_batch(collator([pack]), collator([example]))
+    del pack["seq_lengths"]
+    with pytest.raises(ValueError, match=r"^Example 0 carries images and its .* no `seq_lengths`.*remove_unused"):
+        collator([pack])
