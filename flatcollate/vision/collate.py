@@ -14,7 +14,7 @@ from ..collate.flattening import DataCollatorWithFlattening
 from ..modeling.token_types import check_example_token_types, token_types_read
 from .fields import check_fields, check_vision_model, model_inputs
 from .layouts import VisionLayout, expected_placeholders, image_count, placeholder_runs, placeholders_per_image
-from .packs import split_packs
+from .packs import ndim, split_packs
 
 
 class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
@@ -101,7 +101,9 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
         ids = [_numpy(feature["input_ids"]).reshape(-1) for feature in features]
         counts = [self._check_placeholders(f, row, name) for f, row, name in zip(features, ids, where, strict=True)]
         if self.layout.same_count and self.layout.tokens_per_image is None:
-            _check_same_count(counts, where)
+            _check_same_count([images for images, _ in counts], where, "images")
+        if any(videos is not None for _, videos in counts):  # stacked videos with no rule: one count for all
+            _check_same_count([videos or (0, 0) for _, videos in counts], where, "videos")
         with _named(where):
             check_example_token_types(features, self.token_types)
         for field in TOKEN_TYPE_FIELDS:
@@ -114,10 +116,13 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             batch = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
         return batch
 
-    def _check_placeholders(self, feature: Mapping, ids: np.ndarray, where: str) -> tuple[int, int]:
+    def _check_placeholders(
+        self, feature: Mapping, ids: np.ndarray, where: str
+    ) -> tuple[tuple[int, int], tuple[int, int] | None]:
         """Raise when the example's placeholders are not what its own images (videos) fill; returns its
-        `(image placeholders, images)`."""
-        layout, counts = self.layout, (0, 0)
+        `(image placeholders, images)`, and `(video placeholders, videos)` where its videos are stacked
+        `(videos, frames, C, H, W)` and no rule counts them (the batch's videos then share one count)."""
+        layout, counts, stacked = self.layout, (0, 0), None
         checks = ((False, layout.image_token_id, "pixel_values"), (True, layout.video_token_id, "pixel_values_videos"))
         for video, token, field in checks:
             if token is None:
@@ -130,6 +135,8 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                 raise ValueError(f"{where}: {error}") from None
             if not video:
                 counts = (found, images)
+            elif expected is None and ndim(feature.get(field)) == 5:
+                stacked = (found, images)
             if expected is None and (found > 0) != (images > 0):
                 expected = "some" if images else 0
             if expected is not None and found != expected:
@@ -145,7 +152,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
             _check_image_order(feature, ids, layout, where)
         if layout.video_token_id is not None and layout.merge_size is not None:
             _check_video_order(feature, ids, layout, where)
-        return counts
+        return counts, stacked
 
     def _images(self, features: Sequence[Mapping], field: str) -> np.ndarray:
         layout = self.layout
@@ -235,12 +242,13 @@ def _check_video_order(feature: Mapping, ids: np.ndarray, layout: VisionLayout, 
     )
 
 
-def _check_same_count(counts: list[tuple[int, int]], where: list[str]) -> None:
-    """Families whose images all fill the same number of placeholders: every example of the batch agrees.
+def _check_same_count(counts: list[tuple[int, int]], where: list[str], noun: str) -> None:
+    """Where every image (video) of a batch fills the same number of placeholders: every example of the batch agrees.
 
     Args:
-        counts: `(image placeholders, images)` of each example.
+        counts: `(placeholders, images)` (`(placeholders, videos)`) of each example.
         where: how messages name each example (`packs.split_packs`).
+        noun: `"images"` or `"videos"`.
     """
     first = None
     for index, (found, images) in enumerate(counts):
@@ -252,9 +260,9 @@ def _check_same_count(counts: list[tuple[int, int]], where: list[str]) -> None:
         elif per_image != first[1]:
             other = where[first[0]][0].lower() + where[first[0]][1:]  # "example 0", "pack 1, example 2"
             raise ValueError(
-                f"{where[index]}: its {images} images have {found} placeholder tokens ({per_image:g} each), but "
-                f"{other}'s have {first[1]:g} each; every image of this family fills the same number. "
-                "Process each example's text and images together, and do not truncate inside an image."
+                f"{where[index]}: its {images} {noun} have {found} placeholder tokens ({per_image:g} each), but "
+                f"{other}'s have {first[1]:g} each; every one of the batch fills the same number. Process each "
+                f"example's text and {noun} together, and do not truncate inside one."
             )
 
 

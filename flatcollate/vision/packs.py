@@ -88,10 +88,10 @@ def is_pack(feature: Mapping, index: int, *, image_dims: int | None = None) -> b
         sign = f"its `position_ids` restart {restarts} times" if restarts else None
     for key in GRID_FIELDS:
         value = feature.get(key)
-        if sign is None and value is not None and _ndim(value) != 2:
-            sign = f"its `{key}` has {_ndim(value)} dimensions, not `(images, k)` (one entry per packed example)"
+        if sign is None and value is not None and ndim(value) != 2:
+            sign = f"its `{key}` has {ndim(value)} dimensions, not `(images, k)` (one entry per packed example)"
     pixels = feature.get("pixel_values")
-    if sign is None and image_dims is not None and pixels is not None and _ndim(pixels) == image_dims + 1:
+    if sign is None and image_dims is not None and pixels is not None and ndim(pixels) == image_dims + 1:
         sign = f"its `pixel_values` has {image_dims + 1} dimensions, one more than the family's examples"
     if sign is None:
         return False
@@ -167,7 +167,8 @@ def _entries(value: Any, count: int, *, index: int, field: str) -> list:
     )
 
 
-def _ndim(value: Any) -> int:
+def ndim(value: Any) -> int:
+    """Dimensions of a field (a tensor, an array or nested lists); -1 for nested lists of different sizes."""
     try:
         return _numpy(value).ndim
     except ValueError:  # ragged nested lists: per-example entries of different sizes

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
+from transformers import AutoConfig
 
 from flatcollate.vision import VisionDataCollatorWithFlattening, VisionLayout
 
@@ -77,6 +78,25 @@ def test_fixed_count_family_must_agree_across_the_batch():
         ValueError, match=r"Example 1: its 1 images have 3 placeholder tokens \(3 each\), but example 0"
     ):
         VisionDataCollatorWithFlattening(layout=FIXED)(examples)
+
+
+@pytest.mark.parametrize("model_type", ["video_llava", "llava_next_video"])
+def test_videos_that_balance_across_examples_are_refused(model_type):
+    """Families with no rule for a video's placeholders stack the batch's videos (`(videos, frames, C, H, W)`, one
+    shape), so every video fills the same number. One placeholder moved from example 1's video to example 0's passes
+    the model's total check and would shift example 1's frames into example 0: refused, naming both. The balanced
+    batch collates (the control)."""
+    layout = VisionLayout.from_config(AutoConfig.for_model(model_type))
+    video = layout.video_token_id
+    examples = [{"input_ids": [1, *[video] * 6, 2], "pixel_values_videos": torch.zeros(1, 2, 3, 4, 4)} for _ in "ab"]
+    collator = VisionDataCollatorWithFlattening(layout=layout)
+    assert collator(examples)["pixel_values_videos"].shape == (2, 2, 3, 4, 4)
+    examples[0]["input_ids"] = [video, *examples[0]["input_ids"][1:]]
+    examples[1]["input_ids"] = [1, 1, *examples[1]["input_ids"][2:]]
+    with pytest.raises(
+        ValueError, match=r"^Example 1: its 1 videos have 5 placeholder tokens \(5 each\), but example 0"
+    ):
+        collator(examples)
 
 
 def test_images_without_placeholders_and_placeholders_without_images_are_refused():
