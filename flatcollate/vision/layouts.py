@@ -40,8 +40,8 @@ class VisionLayout:
             zero-pads images to the batch's largest, and the collator pads the examples' images the same way).
         image_dims (`int`, *optional*): dimensions of an example's `pixel_values` where the family fixes them:
             `(images, C, H, W)` where each image is one feature map (`Family.fixed_count`), `(1, tiles, C, H, W)` for
-            batch-first tiles of a vision tower. A pack's entries, one per example, have one more
-            (`flatcollate.vision.packs.is_pack`).
+            batch-first tiles of a vision tower, `(1, patches, D)` for batch-first patch rows of a family without one
+            (Fuyu). A pack's entries, one per example, have one more (`flatcollate.vision.packs.is_pack`).
         model_inputs (`frozenset[str]`, *optional*): the parameters of the model's `forward` (set by
             `VisionDataCollatorWithFlattening.from_model`): an example's field among them that the collator cannot
             place is refused rather than dropped.
@@ -74,7 +74,7 @@ class VisionLayout:
         merge = getattr(vision, "spatial_merge_size", None) if family.grid_layout else None
         rule = image_token_rule(config)
         video = getattr(config, "video_token_id", None)
-        tiles = "pixel_values" in family.batch_first and vision is not None
+        rows = 5 if vision is not None else 3  # batch-first tiles of a vision tower, or patch rows (Fuyu, no tower)
         return cls(
             image_token_id=image,
             video_token_id=getattr(config, "video_token_index", None) if video is None else video,
@@ -85,7 +85,7 @@ class VisionLayout:
             same_count=family.fixed_count and rule is None,
             batch_first=family.batch_first,
             padded=family.padded,
-            image_dims=4 if family.fixed_count else 5 if tiles else None,
+            image_dims=4 if family.fixed_count else rows if "pixel_values" in family.batch_first else None,
         )
 
 

@@ -72,8 +72,8 @@ def is_pack(feature: Mapping, index: int, *, image_dims: int | None = None) -> b
     A pack is never guessed from its other fields: one example's positions do not restart, and its vision fields
     would be read as one example's. A feature without `seq_lengths` that shows the signs of a pack whose marker was
     removed (`transformers.Trainer`'s `remove_unused_columns=True` drops it) is refused: restarting positions, a
-    per-image field (`GRID_FIELDS`) not `(images, k)`, or `pixel_values` one dimension deeper than the family's
-    examples (`image_dims`, `VisionLayout.image_dims`).
+    per-image field (`GRID_FIELDS`) not `(images, k)`, `pixel_values` one dimension deeper than the family's examples
+    (`image_dims`, `VisionLayout.image_dims`), or `pixel_values_videos` deeper than stacked videos.
 
     Raises:
         `ValueError`: naming the feature, what shows it is a pack, and the fix.
@@ -90,9 +90,10 @@ def is_pack(feature: Mapping, index: int, *, image_dims: int | None = None) -> b
         value = feature.get(key)
         if sign is None and value is not None and ndim(value) != 2:
             sign = f"its `{key}` has {ndim(value)} dimensions, not `(images, k)` (one entry per packed example)"
-    pixels = feature.get("pixel_values")
-    if sign is None and image_dims is not None and pixels is not None and ndim(pixels) == image_dims + 1:
-        sign = f"its `pixel_values` has {image_dims + 1} dimensions, one more than the family's examples"
+    deeper = (("pixel_values", image_dims), ("pixel_values_videos", 5))  # 5: stacked `(videos, frames, C, H, W)`
+    for key, dims in deeper:
+        if sign is None and dims is not None and feature.get(key) is not None and ndim(feature[key]) == dims + 1:
+            sign = f"its `{key}` has {dims + 1} dimensions, one more than the family's examples"
     if sign is None:
         return False
     raise ValueError(

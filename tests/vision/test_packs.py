@@ -7,9 +7,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig
 
 from flatcollate.testing.tiny_vision import tiny_vision_examples, tiny_vision_lm
-from flatcollate.vision import VisionDataCollatorWithFlattening
+from flatcollate.vision import VisionDataCollatorWithFlattening, VisionLayout
 from flatcollate.vision.packs import pack_examples
 
 
@@ -107,7 +108,9 @@ def test_a_pack_says_it_is_a_pack(gemma, qwen):
     assert collator([plain])["cu_seq_lens_q"].tolist() == [0, 3, len(examples[2]["input_ids"])]
 
 
-@pytest.mark.parametrize("model_type", ["gemma3", "paligemma", "llava", "idefics3", "smolvlm", "lfm2_vl", "mistral3"])
+@pytest.mark.parametrize(
+    "model_type", ["gemma3", "paligemma", "llava", "idefics3", "smolvlm", "fuyu", "lfm2_vl", "mistral3"]
+)
 def test_a_one_example_pack_without_its_marker_is_refused_in_every_layout(model_type):
     """One example with one image, packed alone, loses `seq_lengths`: its positions do not restart, and one image per
     example makes every count agree; only its fields' dimensions show that each holds a list of one example's entries
@@ -120,4 +123,20 @@ def test_a_one_example_pack_without_its_marker_is_refused_in_every_layout(model_
     assert_same_batch(collator([pack]), collator([example]))
     del pack["seq_lengths"]
     with pytest.raises(ValueError, match=r"^Example 0 carries images and its .* no `seq_lengths`.*remove_unused"):
+        collator([pack])
+
+
+def test_a_one_video_pack_without_its_marker_is_refused():
+    """LLaVA-OneVision stacks an example's videos `(videos, frames, C, H, W)`; a video-only example packed alone has
+    no per-image field, and without `seq_lengths` its videos are one dimension deeper. Refused; marked, it collates as
+    its example (the control)."""
+    layout = VisionLayout.from_config(AutoConfig.for_model("llava_onevision"))
+    frames = 2
+    ids = [1, *[layout.video_token_id] * (frames * layout.frame_tokens + 1), 2]
+    example = {"input_ids": np.array(ids), "pixel_values_videos": np.zeros((1, frames, 3, 4, 4), np.float32)}
+    collator = VisionDataCollatorWithFlattening(layout=layout)
+    pack = pack_examples([example])
+    assert_same_batch(collator([pack]), collator([example]))
+    del pack["seq_lengths"]
+    with pytest.raises(ValueError, match=r"^Example 0 carries images and its `pixel_values_videos` has 6 dimensions"):
         collator([pack])
