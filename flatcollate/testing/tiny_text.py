@@ -54,6 +54,11 @@ def load_config(model: str | os.PathLike) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path) if path.is_dir() else AutoConfig.for_model(str(model))
 
 
+# Layer kinds, repeated to the tiny depth, where the default config holds none of the family's state-carrying layers
+# (LFM2: every layer attention; LFM2-MoE: no `layer_types`): the tiny model interleaves both, as released ones do.
+TINY_LAYER_PATTERNS = {"lfm2": ("conv", "full_attention"), "lfm2_moe": ("conv", "full_attention")}
+
+
 def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> PretrainedConfig:
     """A shrunken copy of a model's config.
 
@@ -83,6 +88,9 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
             setattr(config, name, value)
     _fit_state_space_heads(config, overrides)
     _fit_per_layer_lists(config, depth, keep=set(overrides))
+    pattern = TINY_LAYER_PATTERNS.get(config.model_type)
+    if pattern is not None and "layer_types" not in overrides:
+        config.layer_types = [pattern[i % len(pattern)] for i in range(config.num_hidden_layers)]
     _fit_nested(config)
     if isinstance(getattr(config, "pad_token_id", None), int) and config.pad_token_id >= config.vocab_size:
         config.pad_token_id = config.vocab_size - 1  # an id outside the shrunk vocabulary cannot index the embedding

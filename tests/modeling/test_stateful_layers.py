@@ -19,10 +19,18 @@ from flatcollate.testing import tiny_causal_lm
 LENGTHS = (7, 1, 12, 4)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model_type", ["mamba2", "jamba", "qwen3_next", "lfm3"])
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        "lfm2",
+        *(pytest.param(name, marks=pytest.mark.slow) for name in ("mamba2", "jamba", "qwen3_next", "lfm3", "lfm2_moe")),
+    ],
+)
 def test_stateful_families_are_exact_only_with_segmented_mixers(model_type):
-    # Model-level proof: logits, loss and gradients of the flattened row equal every sequence run alone.
+    """Model-level proof: logits, loss and gradients of the flattened row equal every sequence run alone. The tiny
+    model holds the family's state-carrying layers (LFM2 and LFM2-MoE: short convolutions before attention, whose
+    PyTorch path ignores `seq_idx`), so the unprepared run leaks (the control)."""
+    assert any(is_mixer(module) for module in tiny_causal_lm(model_type).modules())
     report = check_model(model_type, backends=("eager", "flatcollate"), lengths=LENGTHS)
     statuses = {r.backend: r for r in report.results}
     assert statuses["flatcollate"].status == "exact", statuses["flatcollate"]
