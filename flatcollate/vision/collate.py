@@ -14,7 +14,7 @@ from ..collate.flattening import DataCollatorWithFlattening
 from ..modeling.token_types import check_example_token_types, token_types_read
 from .fields import check_fields, check_vision_model, model_inputs
 from .layouts import VisionLayout, expected_placeholders, image_count, placeholder_runs, placeholders_per_image
-from .packs import ndim, split_packs
+from .packs import STACKED_VIDEO_DIMS, ndim, split_packs
 
 
 class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
@@ -135,7 +135,7 @@ class VisionDataCollatorWithFlattening(DataCollatorWithFlattening):
                 raise ValueError(f"{where}: {error}") from None
             if not video:
                 counts = (found, images)
-            elif expected is None and ndim(feature.get(field)) == 5:
+            elif expected is None and ndim(feature.get(field)) == STACKED_VIDEO_DIMS:
                 stacked = (found, images)
             if expected is None and (found > 0) != (images > 0):
                 expected = "some" if images else 0

@@ -65,6 +65,9 @@ def pack_examples(examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 GRID_FIELDS = ("image_grid_thw", "video_grid_thw", "image_sizes", "spatial_shapes")
 """Vision fields with one row per image (`(images, k)`) in every family: one level deeper, they are a pack's entries."""
 
+STACKED_VIDEO_DIMS = 5
+"""`pixel_values_videos` of an example whose family stacks its videos: `(videos, frames, C, H, W)`."""
+
 
 def is_pack(feature: Mapping, index: int, *, image_dims: int | None = None) -> bool:
     """Whether `feature` is a pack: it says so with `seq_lengths` (`pack_dataset` and `pack_examples` write it).
@@ -90,7 +93,7 @@ def is_pack(feature: Mapping, index: int, *, image_dims: int | None = None) -> b
         value = feature.get(key)
         if sign is None and value is not None and ndim(value) != 2:
             sign = f"its `{key}` has {ndim(value)} dimensions, not `(images, k)` (one entry per packed example)"
-    deeper = (("pixel_values", image_dims), ("pixel_values_videos", 5))  # 5: stacked `(videos, frames, C, H, W)`
+    deeper = (("pixel_values", image_dims), ("pixel_values_videos", STACKED_VIDEO_DIMS))
     for key, dims in deeper:
         if sign is None and dims is not None and feature.get(key) is not None and ndim(feature[key]) == dims + 1:
             sign = f"its `{key}` has {dims + 1} dimensions, one more than the family's examples"

@@ -80,6 +80,23 @@ def frames(seed: int, count: int = 4, size: tuple[int, int] = (56, 56)) -> np.nd
     return np.random.default_rng(seed).integers(0, 256, (count, *size, 3), dtype=np.uint8)
 
 
+def five_conversations(image: tuple[int, int], one: tuple, two: tuple, three: tuple) -> list[dict]:
+    """The video proofs' examples: 0 and 3 hold videos of one shape (they can be swapped), 1 a video and an image of
+    size `image`, 2 two videos, 4 text only. `one`, `two`, `three`: `(frames, (height, width))` of example 1's video
+    and of example 2's two."""
+    two_videos = video_row(frames(2, *two), question="And then?")
+    two_videos["messages"][0]["content"].append({"type": "video", "video": frames(3, *three)})
+    text = video_row(None)
+    text["messages"][0]["content"].pop(0)
+    return [
+        video_row(frames(0)),
+        video_row(frames(1, *one), image=PIL.Image.fromarray(frames(9, 1, image)[0]), reply="It rolls away."),
+        two_videos,
+        video_row(frames(4), reply="Nothing."),
+        text,
+    ]
+
+
 def video_row(video, *, image=None, question: str = "What happens?", reply: str = "A cat jumps.") -> dict:
     """One exchange: a video (and an image) in the user turn, a text reply."""
     parts = [{"type": "video", "video": video}, {"type": "text", "text": question}]

@@ -12,7 +12,6 @@ import copy
 
 import datasets
 import numpy as np
-import PIL.Image
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -25,7 +24,7 @@ from flatcollate.vision.controls import IMAGE_SHIFT
 
 from .test_flattened_exact import flattened_run, separate_run
 from .test_packed_exact import assert_exact
-from .test_video_encode import FAMILIES, frames, needs_torchvision, video_processor_for, video_row
+from .test_video_encode import FAMILIES, five_conversations, needs_torchvision, video_processor_for
 
 pytestmark = needs_torchvision
 
@@ -53,20 +52,8 @@ def model_for(family: str, processor, *, seed: int = 0):
 
 
 def conversations() -> list[dict]:
-    """Examples 0 and 3 hold videos of one shape (so they can be swapped); 1 a video of another shape and an image;
-    2 two videos of different shapes; 4 text only."""
-    image = PIL.Image.fromarray(frames(9, 1, (56, 84))[0])
-    two = video_row(frames(2, 4, (56, 112)), question="And then?")
-    two["messages"][0]["content"].append({"type": "video", "video": frames(3, 2, (56, 56))})
-    text = video_row(None)
-    text["messages"][0]["content"].pop(0)
-    return [
-        video_row(frames(0)),
-        video_row(frames(1, 6, (84, 56)), image=image, reply="It rolls away."),
-        two,
-        video_row(frames(4), reply="Nothing."),
-        text,
-    ]
+    """Example 1's video and example 2's two of other shapes than examples 0 and 3 (`five_conversations`)."""
+    return five_conversations((56, 84), (6, (84, 56)), (4, (56, 112)), (2, (56, 56)))
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

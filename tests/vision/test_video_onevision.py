@@ -12,7 +12,6 @@ import copy
 
 import datasets
 import numpy as np
-import PIL.Image
 import pytest
 import torch
 from transformers import AutoTokenizer, LlavaOnevisionImageProcessorPil
@@ -25,7 +24,7 @@ from flatcollate.vision.controls import IMAGE_SHIFT
 
 from .test_flattened_exact import flattened_run, separate_run
 from .test_packed_exact import assert_exact
-from .test_video_encode import frames, needs_torchvision, video_row
+from .test_video_encode import five_conversations, frames, needs_torchvision, video_row
 from .test_video_exact import in_pack_order
 
 pytestmark = needs_torchvision
@@ -74,20 +73,8 @@ def onevision_model(processor, *, seed: int = 0):
 
 
 def conversations() -> list[dict]:
-    """Four frames per video (the model stacks a batch's videos); examples 0 and 3 can be swapped, 1 has an image
-    too, 2 two videos, 4 text only."""
-    image = PIL.Image.fromarray(frames(9, 1, (40, 72))[0])
-    two = video_row(frames(2, 4, (40, 72)), question="And then?")
-    two["messages"][0]["content"].append({"type": "video", "video": frames(3, 4, (24, 24))})
-    text = video_row(None)
-    text["messages"][0]["content"].pop(0)
-    return [
-        video_row(frames(0)),
-        video_row(frames(1, 4, (72, 40)), image=image, reply="It rolls away."),
-        two,
-        video_row(frames(4), reply="Nothing."),
-        text,
-    ]
+    """Four frames per video: the model stacks a batch's videos (`five_conversations`)."""
+    return five_conversations((40, 72), (4, (72, 40)), (4, (40, 72)), (4, (24, 24)))
 
 
 @pytest.fixture(scope="module")
