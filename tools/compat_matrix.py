@@ -206,7 +206,8 @@ def to_markdown(rows: list[dict]) -> str:
         "builders for families whose layers do not use the attention interface). The per-sequence reference runs each",
         "sequence as users run it, `model(input_ids=sequence)`, with the positions the model numbers itself: RoBERTa",
         "and the families built on its embeddings number them from `padding_idx + 1`, which transformers' own",
-        "backends miss when flattened and flatcollate follows.",
+        "backends miss when flattened and flatcollate follows. Hybrids pass a state-carrying layer, an attention",
+        "layer, then another (`flatcollate.testing.tiny_hybrids`), as released hybrids interleave them.",
         "",
         f"flatcollate is exact on **{len(exact)} of {len(built)}** architectures that build "
         f"({100 * len(exact) / max(len(built), 1):.0f}%); {len(rows) - len(built)} more could not be built as tiny "
@@ -241,8 +242,8 @@ def image_text_markdown(rows: list[dict]) -> str:
         "`python tools/compat_matrix.py --architectures image-text-to-text --output docs/compatibility.md`",
         f"with transformers {transformers.__version__}: for every `model_type` of",
         "`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`, a tiny random fp32 model on CPU",
-        "(`flatcollate.testing.tiny_vision`: 2 text layers, 1 vision layer) takes three examples with 1, 2 and 0",
-        "images, laid out as the family's processor lays them out, flattened into one row by",
+        "(`flatcollate.testing.tiny_vision`: 2 text layers, 3 in hybrids, 1 vision layer) takes three examples with",
+        "1, 2 and 0 images, laid out as the family's processor lays them out, flattened into one row by",
         "`VisionDataCollatorWithFlattening`; the reference runs each example",
         "alone (SDPA). `exact` means logits, loss and gradients agree within 1e-5, or within eight fp32 rounding steps",
         "at the quantity's size where that is coarser (a projector's gradient sums over every image token, in another",

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from .._paths import expand_path
+from .tiny_hybrids import hybrid_layout
 
 # Sizes small enough for CPU tests while keeping GQA (4 query heads over 2 key/value heads) and several layers.
 TINY_SIZES = {
@@ -54,11 +55,6 @@ def load_config(model: str | os.PathLike) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path) if path.is_dir() else AutoConfig.for_model(str(model))
 
 
-# Layer kinds, repeated to the tiny depth, where the default config holds none of the family's state-carrying layers
-# (LFM2: every layer attention; LFM2-MoE: no `layer_types`): the tiny model interleaves both, as released ones do.
-TINY_LAYER_PATTERNS = {"lfm2": ("conv", "full_attention"), "lfm2_moe": ("conv", "full_attention")}
-
-
 def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> PretrainedConfig:
     """A shrunken copy of a model's config.
 
@@ -70,7 +66,8 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
 
     Returns:
         `PretrainedConfig` with the sizes of `TINY_SIZES` for the attributes the config defines; per-layer lists
-        (`layer_types`, ...) as long as the new depth (see `apply_overrides`), so the model saves and loads back.
+        (`layer_types`, ...) as long as the new depth (see `apply_overrides`), so the model saves and loads back;
+        hybrids as a state-carrying layer, attention, another (`tiny_hybrids`) unless `overrides` set their layout.
 
     >>> cfg = tiny_config("llama", num_hidden_layers=3)
     >>> cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads
@@ -81,6 +78,7 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         config = model.__class__.from_dict(apply_overrides(copy.deepcopy(model)).to_dict())
     else:
         config = load_config(model)
+    overrides = {**hybrid_layout(config.model_type, overrides), **overrides}
     check_sizes(config, overrides)
     depth = _per_layer_length(config)
     for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
@@ -88,9 +86,6 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
             setattr(config, name, value)
     _fit_state_space_heads(config, overrides)
     _fit_per_layer_lists(config, depth, keep=set(overrides))
-    pattern = TINY_LAYER_PATTERNS.get(config.model_type)
-    if pattern is not None and "layer_types" not in overrides:
-        config.layer_types = [pattern[i % len(pattern)] for i in range(config.num_hidden_layers)]
     _fit_nested(config)
     if isinstance(getattr(config, "pad_token_id", None), int) and config.pad_token_id >= config.vocab_size:
         config.pad_token_id = config.vocab_size - 1  # an id outside the shrunk vocabulary cannot index the embedding

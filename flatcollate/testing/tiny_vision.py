@@ -1,9 +1,9 @@
 """Tiny random-weight vision-language models and per-example inputs laid out as each family's processor lays them out.
 
-`tiny_vision_lm("qwen2_vl")` builds an `AutoModelForImageTextToText` with a 2-layer text model (`tiny_config`) and a
-1-layer vision tower small enough that an image becomes a handful of tokens. `tiny_vision_examples(model)` returns
-examples the model accepts alone; the number of placeholder tokens per image is read from the model's own
-`get_image_features`, so the examples are right by construction. Token ids:
+`tiny_vision_lm("qwen2_vl")` builds an `AutoModelForImageTextToText` with a 2-layer text model (`tiny_config`; 3 in
+hybrids) and a 1-layer vision tower small enough that an image becomes a handful of tokens.
+`tiny_vision_examples(model)` returns examples the model accepts alone; the number of placeholder tokens per image is
+read from the model's own `get_image_features`, so the examples are right by construction. Token ids:
 
     0 .. 2         bos / eos / pad of most text configs (never drawn as text)
     3 .. 479       text tokens

@@ -119,8 +119,7 @@ _QWEN3 = {
     "vision": {"patch_size": 4, "out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": [0]},
     "text": {"rope_parameters": _MROPE},
 }
-_LINEAR_ATTENTION = {  # gated delta-net layers: one linear, one full attention layer, narrow heads
-    "layer_types": ["linear_attention", "full_attention"],
+_LINEAR_ATTENTION = {  # narrow heads of the gated delta-net layers (laid out by `tiny_hybrids`)
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 16,
@@ -195,12 +194,8 @@ FAMILIES: dict[str, Family] = {
     "video_llava": Family(**_SQUARE, block=plain_block, top=_LAST_LAYER),
     "hyperclovax_vision_v2": Family(**_QWEN2_5, block=plain_block, vision=_QWEN2_5_VISION),
     "exaone4_5": Family(**_QWEN2_5, block=plain_block, vision={**_QWEN2_5_VISION, "num_key_value_heads": 2}),
-    "lfm3_vl": Family(
-        **{
-            **_QWEN3,
-            "text": {**_QWEN3["text"], "layer_types": ["conv", "full_attention"]},
-            "vision": {**_QWEN3["vision"], "layer_types": ["full_attention"], "num_key_value_heads": 2},
-        }
+    "lfm3_vl": Family(  # its language model: convolutions around attention (`tiny_hybrids`)
+        **{**_QWEN3, "vision": {**_QWEN3["vision"], "layer_types": ["full_attention"], "num_key_value_heads": 2}}
     ),
     "idefics2": Family(
         pixels=tile_pixels,

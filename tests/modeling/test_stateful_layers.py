@@ -15,70 +15,33 @@ from flatcollate.forward_slot import enter_forward, leave_forward
 from flatcollate.modeling import prepare_model_for_flattening
 from flatcollate.modeling.stateful_layers import _concat, _gather_back, segment_mixers
 from flatcollate.testing import tiny_causal_lm
+from flatcollate.testing.tiny_hybrids import TINY_HYBRID_LAYERS
 
 LENGTHS = (7, 1, 12, 4)
+FAST = ("bamba", "jamba", "lfm2", "lfm3", "qwen3_5_text")
 
 
 @pytest.mark.parametrize(
     "model_type",
-    [
-        "lfm2",
-        *(pytest.param(name, marks=pytest.mark.slow) for name in ("mamba2", "jamba", "qwen3_next", "lfm3", "lfm2_moe")),
-    ],
+    [name if name in FAST else pytest.param(name, marks=pytest.mark.slow) for name in ("mamba2", *TINY_HYBRID_LAYERS)],
 )
 def test_stateful_families_are_exact_only_with_segmented_mixers(model_type):
-    """Model-level proof: logits, loss and gradients of the flattened row equal every sequence run alone. The tiny
-    model holds the family's state-carrying layers (LFM2 and LFM2-MoE: short convolutions before attention, whose
-    PyTorch path ignores `seq_idx`), so the unprepared run leaks (the control)."""
-    assert any(is_mixer(module) for module in tiny_causal_lm(model_type).modules())
+    """Model-level proof: logits, loss and gradients of the flattened row equal every sequence run alone. A hybrid's
+    tiny model passes a state-carrying layer, an attention layer, then another (`tiny_hybrids`), as released hybrids
+    do; the unprepared model mixes the sequences or refuses the row (the control)."""
+    kinds = [is_mixer(m) for m in tiny_causal_lm(model_type).modules() if is_mixer(m) or is_attention(m)]
+    if model_type in TINY_HYBRID_LAYERS:
+        attention = kinds.index(False)
+        assert True in kinds[:attention] and True in kinds[attention + 1 :], kinds
+    assert True in kinds, kinds
     report = check_model(model_type, backends=("eager", "flatcollate"), lengths=LENGTHS)
     statuses = {r.backend: r for r in report.results}
     assert statuses["flatcollate"].status == "exact", statuses["flatcollate"]
-    assert statuses["eager"].status != "exact", "without segmenting, state must leak (or the family refuse)"
-
-
-BETWEEN = ["linear_attention", "full_attention", "linear_attention"]
-HYBRIDS = {  # tiny models with attention between two state-carrying layers, as released hybrids interleave them
-    "bailing_hybrid": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "bamba": {"num_hidden_layers": 3, "attn_layer_indices": [1]},
-    "granitemoehybrid": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "jamba": {"num_hidden_layers": 3, "attn_layer_period": 3, "attn_layer_offset": 1},
-    "kimi_linear": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "lfm3": {"num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"]},
-    "olmo_hybrid": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "qwen3_5_moe_text": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "qwen3_5_text": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "qwen3_next": {"num_hidden_layers": 3, "layer_types": BETWEEN},
-    "zamba2": {  # its shared attention block, sized as its config derives it from hidden_size=64
-        "num_hidden_layers": 3,
-        "layers_block_type": ["linear_attention", "hybrid", "linear_attention"],
-        "hybrid_layer_ids": [1],
-        "attention_hidden_size": 128,
-        "head_dim": 32,
-        "num_query_groups": 4,
-        "kv_channels": 16,
-    },
-}
-"""The tiny defaults of these families hold their state-carrying layers only (their configs' first layers)."""
-FAST_HYBRIDS = ("bamba", "jamba", "lfm3", "qwen3_5_text")
-
-
-@pytest.mark.parametrize(
-    "model_type",
-    [name if name in FAST_HYBRIDS else pytest.param(name, marks=pytest.mark.slow) for name in HYBRIDS],
-)
-def test_hybrids_with_attention_layers_between_their_mixers_are_exact(model_type):
-    """The row passes a state-carrying layer, an attention layer, then another: exact, while the unprepared model
-    mixes the sequences or refuses the row (the control)."""
-    overrides = HYBRIDS[model_type]
-    model = tiny_causal_lm(model_type, **overrides)
-    kinds = [is_mixer(m) for m in model.modules() if is_mixer(m) or type(m).__name__.endswith("Attention")]
-    attention = kinds.index(False)
-    assert True in kinds[:attention] and True in kinds[attention + 1 :], kinds
-    report = check_model(model_type, backends=("eager", "flatcollate"), lengths=LENGTHS, overrides=overrides)
-    statuses = {r.backend: r for r in report.results}
-    assert statuses["flatcollate"].status == "exact", statuses["flatcollate"]
     assert statuses["eager"].status in ("contaminated", "unsupported"), "without segmenting, state must leak"
+
+
+def is_attention(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention")
 
 
 @pytest.mark.parametrize(("mode", "calls"), [("batched", [(4, 12)]), ("per_sequence", [(1, n) for n in LENGTHS])])

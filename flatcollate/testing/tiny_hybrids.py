@@ -1,0 +1,49 @@
+"""Layer layouts of tiny hybrid models: a state-carrying layer, an attention layer, then another, as released hybrids
+interleave them.
+
+Shrunk to two layers, these families' default configs hold state-carrying layers only (their first layers), or none
+(LFM2's default is all attention; LFM2-MoE's has no `layer_types`): a proof on such a model says nothing of what the
+attention between two mixers does with the sequences. `tiny_config` lays them out as here.
+"""
+
+_BETWEEN = ("linear_attention", "full_attention", "linear_attention")
+_CONVOLUTIONS_BETWEEN = ("conv", "full_attention", "conv")
+
+TINY_HYBRID_LAYERS = {
+    "bailing_hybrid": {"layer_types": _BETWEEN},
+    "bamba": {"attn_layer_indices": (1,)},
+    "granitemoehybrid": {"layer_types": _BETWEEN},
+    "jamba": {"attn_layer_period": 3, "attn_layer_offset": 1},
+    "kimi_linear": {"layer_types": _BETWEEN},
+    "lfm2": {"layer_types": _CONVOLUTIONS_BETWEEN},
+    "lfm2_moe": {"layer_types": _CONVOLUTIONS_BETWEEN},
+    "lfm3": {"layer_types": _CONVOLUTIONS_BETWEEN},
+    "olmo_hybrid": {"layer_types": _BETWEEN},
+    "qwen3_5_moe_text": {"layer_types": _BETWEEN},
+    "qwen3_5_text": {"layer_types": _BETWEEN},
+    "qwen3_next": {"layer_types": _BETWEEN},
+    "zamba2": {  # its shared attention block, sized as its config derives it from hidden_size=64
+        "layers_block_type": ("linear_attention", "hybrid", "linear_attention"),
+        "hybrid_layer_ids": (1,),
+        "attention_hidden_size": 128,
+        "head_dim": 32,
+        "num_query_groups": 4,
+        "kv_channels": 16,
+    },
+}
+"""Per `model_type`, the config attributes that lay out three layers (`hybrid_layout`)."""
+
+
+def hybrid_layout(model_type: str, overrides: dict) -> dict:
+    """The attributes of a three-layer hybrid for `model_type` (`num_hidden_layers` and fresh lists), or `{}` where
+    the family has no layout here or the caller sets the depth or any of its attributes (the caller's layout then).
+
+    >>> hybrid_layout("qwen3_next", {})["layer_types"]
+    ['linear_attention', 'full_attention', 'linear_attention']
+    >>> hybrid_layout("qwen3_next", {"num_hidden_layers": 4}), hybrid_layout("llama", {})
+    ({}, {})
+    """
+    layout = TINY_HYBRID_LAYERS.get(model_type, {})
+    if not layout or {"num_hidden_layers", *layout} & set(overrides):
+        return {}
+    return {"num_hidden_layers": 3, **{k: list(v) if isinstance(v, tuple) else v for k, v in layout.items()}}
