@@ -1,5 +1,5 @@
 """Layer layouts of tiny hybrid models: a state-carrying layer, an attention layer, then another, as released hybrids
-interleave them.
+interleave them (Zamba: two of each, its shared attention block being tied across its hybrid layers).
 
 Shrunk to two layers, these families' default configs hold state-carrying layers only (their first layers), or none
 (LFM2's default is all attention; LFM2-MoE's has no `layer_types`): a proof on such a model says nothing of what the
@@ -22,6 +22,14 @@ TINY_HYBRID_LAYERS = {
     "qwen3_5_moe_text": {"layer_types": _BETWEEN},
     "qwen3_5_text": {"layer_types": _BETWEEN},
     "qwen3_next": {"layer_types": _BETWEEN},
+    "zamba": {  # two hybrid layers, their shared block tied across them (one alone does not build);
+        # its attention and time-step sizes as its config derives them from hidden_size=64
+        "num_hidden_layers": 4,
+        "layers_block_type": ("linear_attention", "hybrid", "linear_attention", "hybrid"),
+        "attention_hidden_size": 128,
+        "attention_head_dim": 32,
+        "mamba_dt_rank": 4,
+    },
     "zamba2": {  # its shared attention block, sized as its config derives it from hidden_size=64
         "layers_block_type": ("linear_attention", "hybrid", "linear_attention"),
         "hybrid_layer_ids": (1,),
@@ -31,12 +39,13 @@ TINY_HYBRID_LAYERS = {
         "kv_channels": 16,
     },
 }
-"""Per `model_type`, the config attributes that lay out three layers (`hybrid_layout`)."""
+"""Per `model_type`, the config attributes that lay out three layers, or the depth given (`hybrid_layout`)."""
 
 
 def hybrid_layout(model_type: str, overrides: dict) -> dict:
-    """The attributes of a three-layer hybrid for `model_type` (`num_hidden_layers` and fresh lists), or `{}` where
-    the family has no layout here or the caller sets the depth or any of its attributes (the caller's layout then).
+    """The attributes of a tiny hybrid for `model_type` (`num_hidden_layers`, 3 unless given, and fresh lists), or `{}`
+    where the family has no layout here or the caller sets the depth or any of its attributes (the caller's layout
+    then).
 
     >>> hybrid_layout("qwen3_next", {})["layer_types"]
     ['linear_attention', 'full_attention', 'linear_attention']
