@@ -4,6 +4,7 @@ the models they build save and load back."""
 import re
 
 import pytest
+import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen3MoeConfig
 
 from flatcollate.testing import tiny_causal_lm, tiny_config
@@ -130,3 +131,12 @@ def test_overrides_of_attributes_a_config_has_are_taken():
     )
     assert apply_overrides(AutoConfig.for_model("gpt2"), hidden_size=96).n_embd == 96  # through the attribute map
     assert tiny_config("llama", rope_scaling=None).rope_scaling is None  # None is not a size
+
+
+@pytest.mark.parametrize("model_type", ["zamba", "zamba2"])
+def test_a_hybrid_with_a_shared_attention_block_builds_at_another_hidden_size(model_type):
+    """The shared block's sizes follow the hidden size given (their configs derive them once, when built)."""
+    model = tiny_causal_lm(model_type, hidden_size=128)
+    logits = model(input_ids=torch.arange(8)[None]).logits
+    assert logits.shape == (1, 8, model.config.vocab_size)
+    assert model.config.attention_hidden_size == 256

@@ -22,37 +22,44 @@ TINY_HYBRID_LAYERS = {
     "qwen3_5_moe_text": {"layer_types": _BETWEEN},
     "qwen3_5_text": {"layer_types": _BETWEEN},
     "qwen3_next": {"layer_types": _BETWEEN},
-    "zamba": {  # two hybrid layers, their shared block tied across them (one alone does not build);
-        # its attention and time-step sizes as its config derives them from hidden_size=64
+    "zamba": {  # two hybrid layers, their shared block tied across them (one alone does not build)
         "num_hidden_layers": 4,
         "layers_block_type": ("linear_attention", "hybrid", "linear_attention", "hybrid"),
-        "attention_hidden_size": 128,
-        "attention_head_dim": 32,
-        "mamba_dt_rank": 4,
     },
-    "zamba2": {  # its shared attention block, sized as its config derives it from hidden_size=64
-        "layers_block_type": ("linear_attention", "hybrid", "linear_attention"),
-        "hybrid_layer_ids": (1,),
-        "attention_hidden_size": 128,
-        "head_dim": 32,
-        "num_query_groups": 4,
-        "kv_channels": 16,
-    },
+    "zamba2": {"layers_block_type": ("linear_attention", "hybrid", "linear_attention"), "hybrid_layer_ids": (1,)},
 }
 """Per `model_type`, the config attributes that lay out three layers, or the depth given (`hybrid_layout`)."""
 
+_SHARED_BLOCK_SIZES = {  # what the configs derive from the hidden size when built, and a shrunk copy keeps stale
+    "zamba": lambda hidden, heads: {
+        "attention_hidden_size": 2 * hidden,
+        "attention_head_dim": 2 * hidden // heads,
+        "mamba_dt_rank": -(-hidden // 16),
+    },
+    "zamba2": lambda hidden, heads: {
+        "attention_hidden_size": 2 * hidden,
+        "head_dim": 2 * hidden // heads,
+        "num_query_groups": heads,
+        "kv_channels": hidden // heads,
+    },
+}
+"""Sizes of the attention block a hybrid shares across its layers, from the tiny model's hidden size and heads."""
 
-def hybrid_layout(model_type: str, overrides: dict) -> dict:
-    """The attributes of a tiny hybrid for `model_type` (`num_hidden_layers`, 3 unless given, and fresh lists), or `{}`
-    where the family has no layout here or the caller sets the depth or any of its attributes (the caller's layout
-    then).
 
-    >>> hybrid_layout("qwen3_next", {})["layer_types"]
+def hybrid_layout(model_type: str, overrides: dict, *, hidden_size: int, heads: int) -> dict:
+    """The attributes of a tiny hybrid for `model_type` (`num_hidden_layers`, 3 unless given, fresh lists, and the
+    sizes of a shared attention block for `hidden_size` and `heads`), or `{}` where the family has no layout here or
+    the caller sets the depth or any of its attributes (the caller's layout then).
+
+    >>> hybrid_layout("qwen3_next", {}, hidden_size=64, heads=4)["layer_types"]
     ['linear_attention', 'full_attention', 'linear_attention']
-    >>> hybrid_layout("qwen3_next", {"num_hidden_layers": 4}), hybrid_layout("llama", {})
-    ({}, {})
+    >>> hybrid_layout("zamba2", {}, hidden_size=128, heads=4)["attention_hidden_size"]
+    256
+    >>> hybrid_layout("qwen3_next", {"num_hidden_layers": 4}, hidden_size=64, heads=4)
+    {}
     """
     layout = TINY_HYBRID_LAYERS.get(model_type, {})
     if not layout or {"num_hidden_layers", *layout} & set(overrides):
         return {}
-    return {"num_hidden_layers": 3, **{k: list(v) if isinstance(v, tuple) else v for k, v in layout.items()}}
+    sizes = _SHARED_BLOCK_SIZES.get(model_type, lambda hidden, heads: {})(hidden_size, heads)
+    return {"num_hidden_layers": 3, **{k: list(v) if isinstance(v, tuple) else v for k, v in layout.items()}, **sizes}

@@ -78,7 +78,8 @@ def tiny_config(model: str | os.PathLike | PretrainedConfig, **overrides) -> Pre
         config = model.__class__.from_dict(apply_overrides(copy.deepcopy(model)).to_dict())
     else:
         config = load_config(model)
-    overrides = {**hybrid_layout(config.model_type, overrides), **overrides}
+    hidden, heads = ({**TINY_SIZES, **overrides}[key] for key in ("hidden_size", "num_attention_heads"))
+    overrides = {**hybrid_layout(config.model_type, overrides, hidden_size=hidden, heads=heads), **overrides}
     check_sizes(config, overrides)
     depth = _per_layer_length(config)
     for name, value in {**TINY_SIZES, **TINY_FAMILY_SIZES, **overrides}.items():
